@@ -1,0 +1,7 @@
+"""Attention-FFN Disaggregation (AFD) for vLLM: the core every AFD package builds on.
+
+Configuration, topology, wire metadata, the connector contract, the plugin hooks
+and the ``afd`` command.
+"""
+
+__version__ = "0.1.0"

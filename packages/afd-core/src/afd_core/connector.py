@@ -1,0 +1,240 @@
+"""The connector contract: how the attention role and the FFN role exchange data.
+
+A connector is one rank's endpoint. Its life cycle:
+
+1. ``__init__`` stores the configuration and parses ``connector_extra_config`` strictly;
+   it creates **no** communication resources (so it can be built anywhere, for example
+   by ``afd check``).
+2. :meth:`Connector.initialize` performs the rendezvous with the peers, checks that both
+   sides agree on configuration and model shape, and creates the process groups. It is
+   idempotent and bounded by ``afd_process_group_timeout_s``.
+3. Data-plane calls, per decoder layer and stage (see below).
+4. :meth:`Connector.close` releases everything; it is idempotent, safe before
+   :meth:`initialize` and after a half-finished one, and wakes up any thread blocked in a
+   connector call (that call raises :class:`~afd_core.errors.AFDShutdown`).
+
+Per step the attention rank sends one :class:`~afd_core.metadata.ControlPayload`
+through :attr:`Connector.control_plane`, then for every exchanging layer calls
+:meth:`Connector.send_hidden` and :meth:`Connector.recv_output`. The FFN rank obtains
+the step with ``control_plane.recv_step()`` and for every layer calls
+:meth:`Connector.recv_hidden` (the tokens of its whole block, concatenated) and
+:meth:`Connector.send_output` (split back per attention rank).
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from afd_core.errors import AFDConfigError
+from afd_core.metadata import ControlPayload, TransferHeader
+
+if TYPE_CHECKING:
+    import torch
+
+    from afd_core.config import AFDConfig
+
+
+@dataclass(frozen=True)
+class WireSpec:
+    """The shapes both roles must agree on; part of the rendezvous check.
+
+    ``num_exchange_layers``: decoder layers that exchange per step. ``router_logits_width``
+    is the number of routed experts when the gate runs on attention, else 0.
+    ``model_fingerprint`` identifies the checkpoint (architecture and sizes).
+    """
+
+    hidden_size: int
+    dtype: str
+    num_exchange_layers: int
+    router_logits_width: int = 0
+    router_logits_dtype: str = "float32"
+    model_fingerprint: str = ""
+
+
+@dataclass(frozen=True)
+class FFNStep:
+    """One step as the FFN rank runs it: the attention ranks taking part and their counts.
+
+    ``payloads`` are in block order; ``tokens[i][s]`` is the token count of
+    ``attention_ranks[i]`` in stage ``s``.
+    """
+
+    payloads: tuple[ControlPayload, ...]
+    attention_ranks: tuple[int, ...]
+    tokens: tuple[tuple[int, ...], ...]
+
+    @property
+    def num_stages(self) -> int:
+        """Stages of this step (the same for every taking part attention rank)."""
+        return len(self.tokens[0])
+
+    @property
+    def is_warmup(self) -> bool:
+        """Any taking part rank runs a warm-up forward."""
+        return any(p.is_warmup for p in self.payloads)
+
+    @property
+    def is_graph_capturing(self) -> bool:
+        """Any taking part rank captures a CUDA graph."""
+        return any(p.is_graph_capturing for p in self.payloads)
+
+    @property
+    def is_profile(self) -> bool:
+        """Any taking part rank runs a profiling forward."""
+        return any(p.is_profile for p in self.payloads)
+
+    def stage_tokens(self, stage: int) -> tuple[int, ...]:
+        """Token counts of every taking part rank in ``stage``, block order."""
+        return tuple(t[stage] for t in self.tokens)
+
+
+@dataclass
+class FFNLayerBatch:
+    """The FFN input of one layer and stage: the block's tokens, concatenated.
+
+    ``splits[i]`` tokens belong to ``step.attention_ranks[i]``; ``headers`` are the
+    received (already checked) headers in the same order.
+    """
+
+    step: FFNStep
+    layer: int
+    stage: int
+    hidden: torch.Tensor
+    router_logits: torch.Tensor | None
+    splits: tuple[int, ...]
+    headers: tuple[TransferHeader, ...]
+
+
+class ControlPlane(ABC):
+    """The per-step control channel (attention -> FFN)."""
+
+    @abstractmethod
+    def send_step(self, payload: ControlPayload) -> None:
+        """Attention side: send this step's payload to the FFN rank serving this rank.
+
+        Must be called before the step's first :meth:`Connector.send_hidden`.
+        """
+
+    @abstractmethod
+    def recv_step(self) -> FFNStep | None:
+        """FFN side: wait for the next step of the block and return it.
+
+        Waits as long as the attention ranks are idle, but wakes up on :meth:`close` and
+        then returns ``None``. Raises AFDPeerError if an attention rank disconnects and
+        AFDProtocolError for a payload that is not a valid control message.
+        """
+
+
+class Connector(ABC):
+    """Base class of every AFD connector (built-in and third-party).
+
+    Subclasses set ``name`` (the value users put in ``"connector"``), implement the
+    ``_initialize``/``_close`` pair and the four data-plane methods, and may override
+    :meth:`parse_extra_config` to accept ``connector_extra_config`` fields.
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, config: AFDConfig, role_rank: int, wire: WireSpec) -> None:
+        self.config = config
+        self.role_rank = role_rank
+        self.wire = wire
+        self.topology = config.topology
+        self.world_rank = self.topology.world_rank(config.role, role_rank)
+        self.extra = type(self).parse_extra_config(config.connector_extra_config)
+        self._lifecycle_lock = threading.Lock()
+        self._initialized = False
+        self._closed = threading.Event()
+
+    @classmethod
+    def parse_extra_config(cls, raw: Mapping[str, Any]) -> Any:
+        """Parse ``connector_extra_config`` strictly; the default accepts only ``{}``.
+
+        Raise AFDConfigError naming each unknown field.
+        """
+        if raw:
+            raise AFDConfigError(
+                f"AFD config: connector_extra_config has fields {sorted(raw)} but "
+                f"{cls.name or cls.__name__} takes none; remove them"
+            )
+        return None
+
+    @property
+    def is_initialized(self) -> bool:
+        """True once :meth:`initialize` has completed (and :meth:`close` not yet run)."""
+        return self._initialized
+
+    @property
+    def is_closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed.is_set()
+
+    def initialize(self) -> None:
+        """Rendezvous with the peers and create the communication resources (idempotent)."""
+        with self._lifecycle_lock:
+            if self._initialized:
+                return
+            if self._closed.is_set():
+                raise RuntimeError(f"{type(self).__name__} was closed; build a new connector")
+            self._initialize()
+            self._initialized = True
+
+    def close(self) -> None:
+        """Release every resource and wake blocked callers (idempotent, safe any time)."""
+        self._closed.set()
+        self._wake_waiters()
+        with self._lifecycle_lock:
+            self._close()
+            self._initialized = False
+
+    def _wake_waiters(self) -> None:
+        """Hook for subclasses: unblock threads waiting in a connector call.
+
+        Called from :meth:`close` before the lifecycle lock is taken; the default does
+        nothing (suitable when waits poll :attr:`is_closed`).
+        """
+
+    @abstractmethod
+    def _initialize(self) -> None:
+        """Do the rendezvous; called at most once, under the lifecycle lock."""
+
+    @abstractmethod
+    def _close(self) -> None:
+        """Release resources; must tolerate any partial state of ``_initialize``."""
+
+    @property
+    @abstractmethod
+    def control_plane(self) -> ControlPlane:
+        """The control channel of this connector."""
+
+    # Attention side -------------------------------------------------------------------
+
+    @abstractmethod
+    def send_hidden(
+        self,
+        header: TransferHeader,
+        hidden: torch.Tensor,
+        router_logits: torch.Tensor | None = None,
+    ) -> None:
+        """Send one layer's hidden states (and router logits) to the serving FFN rank."""
+
+    @abstractmethod
+    def recv_output(self, header: TransferHeader, out: torch.Tensor) -> torch.Tensor:
+        """Receive the FFN result for ``header``'s layer and stage into ``out``; return it.
+
+        The received header is checked against ``header`` (direction f2a).
+        """
+
+    # FFN side -------------------------------------------------------------------------
+
+    @abstractmethod
+    def recv_hidden(self, step: FFNStep, layer: int, stage: int) -> FFNLayerBatch:
+        """Receive one layer's input from every attention rank of ``step``, concatenated."""
+
+    @abstractmethod
+    def send_output(self, batch: FFNLayerBatch, output: torch.Tensor) -> None:
+        """Split ``output`` by ``batch.splits`` and send each part back to its rank."""
