@@ -5,3 +5,7 @@ and the ``afd`` command.
 """
 
 __version__ = "0.1.0"
+
+from afd_core.hookspecs import hookimpl
+
+__all__ = ["__version__", "hookimpl"]

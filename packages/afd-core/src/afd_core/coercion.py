@@ -26,15 +26,16 @@ _DECIMAL = re.compile(r"[+-]?[0-9]+")
 _MAX_SHOWN = 80
 
 
-def show(value: Any) -> str:
+def show(value: Any, *, with_type: bool = True) -> str:
     """``repr(value)`` on one line, shortened to about 80 characters, with its type name.
 
-    Example: ``show(8080.5) == "8080.5 (float)"``.
+    Example: ``show(8080.5) == "8080.5 (float)"``; ``with_type=False`` leaves out
+    `` (float)``.
     """
     text = " ".join(repr(value).split())
     if len(text) > _MAX_SHOWN:
         text = text[: _MAX_SHOWN - 3] + "..."
-    return f"{text} ({type(value).__name__})"
+    return f"{text} ({type(value).__name__})" if with_type else text
 
 
 def to_bool(key: str, value: Any) -> bool:

@@ -10,14 +10,52 @@ and says what to do. docs/configuration.md is the user-facing reference of every
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
-from afd_core.topology import Role, Topology
+from afd_core.coercion import (
+    show,
+    to_bool,
+    to_int_at_least,
+    to_int_in_range,
+    to_mapping,
+    to_str,
+)
+from afd_core.connector import Connector
+from afd_core.errors import AFDConfigError, AFDInstallError
+from afd_core.specs import ConnectorSpec
+from afd_core.topology import ROLES, Role, Topology
+
+#: Every key ``additional_config["afd"]`` accepts, in documentation order.
+KEYS: tuple[str, ...] = (
+    "role",
+    "connector",
+    "async_dp",
+    "host",
+    "port",
+    "afd_process_group_timeout_s",
+    "num_attention_ranks",
+    "num_ffn_ranks",
+    "compute_gate_on_attention",
+    "connector_extra_config",
+    "role_rank",
+)
+
+#: Alternative spellings (alias -> key); an alias and its key must not both be set.
+ALIASES: Mapping[str, str] = MappingProxyType(
+    {
+        "afd_role": "role",
+        "afd_connector": "connector",
+        "afd_host": "host",
+        "afd_port": "port",
+        "async": "async_dp",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -39,9 +77,7 @@ class AFDConfig:
     async_dp: bool = False
     afd_process_group_timeout_s: int = 120
     compute_gate_on_attention: bool = False
-    connector_extra_config: Mapping[str, Any] = field(
-        default_factory=lambda: MappingProxyType({})
-    )
+    connector_extra_config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     role_rank: int | None = None
 
     @property
@@ -64,3 +100,230 @@ class AFDConfig:
         """A stable hash of everything that changes what a role compiles or runs."""
         view = self.shared_view() | {"role": self.role}
         return hashlib.sha256(json.dumps(view, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def afd_config_from_vllm(
+    vllm_config: Any,
+    *,
+    connectors: Mapping[str, ConnectorSpec] | None = None,
+    expected_role: Role | None = None,
+) -> AFDConfig | None:
+    """The AFD config of ``vllm_config``, or ``None`` when AFD is off.
+
+    Reads ``vllm_config.additional_config`` (duck-typed). AFD is off when that attribute
+    is missing, ``None``, not a mapping (vLLM also allows a hashable object there) or has
+    no ``"afd"`` key; otherwise the ``"afd"`` value goes through :func:`parse_afd_config`
+    with ``connectors`` and ``expected_role``, and its errors propagate.
+    """
+    additional = getattr(vllm_config, "additional_config", None)
+    if not isinstance(additional, Mapping) or "afd" not in additional:
+        return None
+    return parse_afd_config(additional["afd"], connectors=connectors, expected_role=expected_role)
+
+
+def parse_afd_config(
+    raw: Mapping[str, Any],
+    *,
+    connectors: Mapping[str, ConnectorSpec] | None = None,
+    expected_role: Role | None = None,
+) -> AFDConfig:
+    """Validate ``raw`` (the value of ``additional_config["afd"]``) into an AFDConfig.
+
+    ``connectors`` maps registered connector names to specs; ``None`` means the installed
+    plugins' registry (``afd_core.registry.get_registry().connectors``). When
+    ``expected_role`` is given, a config for the other role is an error ("AFD role
+    mismatch"). The selected connector class is imported to parse
+    ``connector_extra_config`` strictly. Raises AFDConfigError for any invalid key or
+    value, AFDInstallError when the connector class cannot be loaded.
+    """
+    values = _canonical_keys(
+        to_mapping(
+            'additional_config["afd"]',
+            raw,
+            'write it as {"role": "attention" or "ffn", "connector": NAME, ...}',
+        )
+    )
+    role = _parse_role(values)
+    if expected_role is not None and role != expected_role:
+        raise AFDConfigError(
+            f"AFD role mismatch: this worker runs the {expected_role} role but "
+            f'additional_config["afd"]["role"] is "{role}"; give each deployment the config '
+            f'of the role it runs ("role": "{expected_role}" here)'
+        )
+    if connectors is None:
+        from afd_core.registry import get_registry
+
+        connectors = get_registry().connectors
+    spec = _parse_connector(values, connectors)
+    async_dp = _parse_async_dp(values, spec, connectors)
+    host = to_str(
+        "host",
+        values.get("host", "127.0.0.1"),
+        "set it to the address of FFN rank 0's node, e.g. 127.0.0.1",
+    )
+    port = to_int_in_range(
+        "port", values.get("port", 29600), 1, 65535, "pick a free TCP port in that range"
+    )
+    timeout_s = to_int_at_least(
+        "afd_process_group_timeout_s",
+        values.get("afd_process_group_timeout_s", 120),
+        1,
+        "give the seconds to wait for the other role, e.g. 120",
+    )
+    num_attention_ranks = to_int_at_least(
+        "num_attention_ranks",
+        values.get("num_attention_ranks", 1),
+        1,
+        "count the attention ranks (data-parallel groups) of the deployment",
+    )
+    num_ffn_ranks = to_int_at_least(
+        "num_ffn_ranks",
+        values.get("num_ffn_ranks", 1),
+        1,
+        "count the FFN ranks (FFN workers) of the deployment",
+    )
+    topology = _topology(num_attention_ranks, num_ffn_ranks)
+    compute_gate = to_bool(
+        "compute_gate_on_attention", values.get("compute_gate_on_attention", False)
+    )
+    role_rank = _parse_role_rank(values, role, topology)
+    extra = _parse_extra_config(values, spec)
+    return AFDConfig(
+        role=role,
+        connector=spec.name,
+        host=host,
+        port=port,
+        num_attention_ranks=num_attention_ranks,
+        num_ffn_ranks=num_ffn_ranks,
+        async_dp=async_dp,
+        afd_process_group_timeout_s=timeout_s,
+        compute_gate_on_attention=compute_gate,
+        connector_extra_config=MappingProxyType(extra),
+        role_rank=role_rank,
+    )
+
+
+def _canonical_keys(raw: Mapping[Any, Any]) -> dict[str, Any]:
+    """``raw`` with aliases renamed; unknown keys and alias/key clashes are errors."""
+    unknown = [key for key in raw if key not in KEYS and key not in ALIASES]
+    if unknown:
+        names = ", ".join(repr(key) for key in unknown)
+        aliases = ", ".join(f"{alias} ({key})" for alias, key in ALIASES.items())
+        raise AFDConfigError(
+            f"AFD config: unknown key {names} (set to {show(raw[unknown[0]], with_type=False)}); "
+            f"valid keys: {', '.join(KEYS)}; aliases: {aliases}; "
+            "connector-specific settings go in connector_extra_config"
+        )
+    values: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for key, value in raw.items():
+        canonical = ALIASES.get(key, key)
+        if canonical in values:
+            raise AFDConfigError(
+                f"AFD config: {spelled[canonical]!r} (set to "
+                f"{show(values[canonical], with_type=False)}) and {key!r} (set to "
+                f"{show(value, with_type=False)}) both set {canonical}; keep only {canonical!r}"
+            )
+        values[canonical] = value
+        spelled[canonical] = key
+    return values
+
+
+def _parse_role(values: Mapping[str, Any]) -> Role:
+    if "role" not in values:
+        raise AFDConfigError(
+            'AFD config: role is missing; set "role" to "attention" (the deployment that '
+            'serves requests) or "ffn" (the deployment that holds the MoE/MLP weights)'
+        )
+    role = values["role"]
+    if isinstance(role, str) and role in ROLES:
+        return cast("Role", role)
+    raise AFDConfigError(
+        f'AFD config: role must be "attention" or "ffn", got {show(role)}; set it to one of the two'
+    )
+
+
+def _parse_connector(
+    values: Mapping[str, Any], connectors: Mapping[str, ConnectorSpec]
+) -> ConnectorSpec:
+    registered = ", ".join(sorted(connectors)) or "(none: install afd-core's plugins)"
+    if "connector" not in values:
+        raise AFDConfigError(
+            f'AFD config: connector is missing; set "connector" to one of the registered '
+            f"connectors: {registered}"
+        )
+    name = values["connector"]
+    if not isinstance(name, str) or name not in connectors:
+        raise AFDConfigError(
+            f"AFD config: connector {show(name)} is not registered; registered connectors: "
+            f"{registered}; fix the name or install the plugin package that provides it"
+        )
+    return connectors[name]
+
+
+def _parse_async_dp(
+    values: Mapping[str, Any], spec: ConnectorSpec, connectors: Mapping[str, ConnectorSpec]
+) -> bool:
+    async_dp = to_bool("async_dp", values.get("async_dp", False))
+    if async_dp and not spec.requires_async_dp:
+        async_names = sorted(name for name, s in connectors.items() if s.requires_async_dp)
+        choices = ", ".join(async_names) or "none registered"
+        raise AFDConfigError(
+            f"AFD config: async_dp (true) is only valid with an async-DP connector "
+            f"({choices}), not {spec.name!r}; remove async_dp or choose such a connector"
+        )
+    if spec.requires_async_dp and not async_dp:
+        raise AFDConfigError(
+            f"AFD config: connector {spec.name!r} requires async_dp true, got false; "
+            'set "async_dp": true'
+        )
+    return async_dp
+
+
+def _topology(num_attention_ranks: int, num_ffn_ranks: int) -> Topology:
+    try:
+        return Topology(num_attention_ranks, num_ffn_ranks)
+    except AFDConfigError as exc:
+        reason = str(exc).removeprefix("AFD topology: ")
+        raise AFDConfigError(f"AFD config: {reason}") from exc
+
+
+def _parse_role_rank(values: Mapping[str, Any], role: Role, topology: Topology) -> int | None:
+    value = values.get("role_rank")
+    if value is None:
+        return None
+    count = topology.num_ranks(role)
+    count_key = "num_attention_ranks" if role == "attention" else "num_ffn_ranks"
+    return to_int_in_range(
+        "role_rank",
+        value,
+        0,
+        count - 1,
+        f"the {role} role has {count} rank(s) ({count_key}={count}); "
+        f"fix role_rank or raise {count_key}",
+    )
+
+
+def _parse_extra_config(values: Mapping[str, Any], spec: ConnectorSpec) -> dict[str, Any]:
+    extra = to_mapping(
+        "connector_extra_config",
+        values.get("connector_extra_config", {}),
+        f"put {spec.name}'s own settings in a JSON object ({{}} for none)",
+    )
+    cls = spec.load()
+    if not (isinstance(cls, type) and issubclass(cls, Connector)):
+        raise AFDInstallError(
+            f"AFD: connector {spec.name!r} loads {spec.target!r}, which is not a subclass "
+            "of afd_core.connector.Connector; fix the plugin that registers it"
+        )
+    try:
+        cls.parse_extra_config(extra)
+    except AFDConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        reason = " ".join(str(exc).split())
+        raise AFDConfigError(
+            f"AFD config: connector_extra_config {show(dict(extra))} was rejected by "
+            f"{spec.name}: {reason}; fix it as the connector's documentation says"
+        ) from exc
+    return copy.deepcopy(dict(extra))

@@ -184,19 +184,15 @@ class Connector(ABC):
             self._initialized = True
 
     def close(self) -> None:
-        """Release every resource and wake blocked callers (idempotent, safe any time)."""
+        """Release every resource and wake blocked callers (idempotent, safe any time).
+
+        The closed flag is set before the lifecycle lock is taken, so a thread blocked in a
+        data-plane wait (which polls :attr:`is_closed`) returns with AFDShutdown.
+        """
         self._closed.set()
-        self._wake_waiters()
         with self._lifecycle_lock:
             self._close()
             self._initialized = False
-
-    def _wake_waiters(self) -> None:
-        """Hook for subclasses: unblock threads waiting in a connector call.
-
-        Called from :meth:`close` before the lifecycle lock is taken; the default does
-        nothing (suitable when waits poll :attr:`is_closed`).
-        """
 
     @abstractmethod
     def _initialize(self) -> None:

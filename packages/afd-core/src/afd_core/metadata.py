@@ -65,8 +65,9 @@ class AFDStepMetadata:
         return len(self.padded_lens)
 
     @classmethod
-    def single_stage(cls, step_id: int, num_tokens: int, num_reqs: int = 0,
-                     padded_tokens: int | None = None) -> AFDStepMetadata:
+    def single_stage(
+        cls, step_id: int, num_tokens: int, num_reqs: int = 0, padded_tokens: int | None = None
+    ) -> AFDStepMetadata:
         """Metadata for a forward of ``num_tokens`` tokens without micro-batching."""
         padded = num_tokens if padded_tokens is None else padded_tokens
         return cls(
@@ -147,8 +148,14 @@ class ControlPayload:
         )
         width = len(self.stages[0].num_tokens)
         head = self._HEAD.pack(
-            self.MAGIC, self.VERSION, flags, self.step_id, self.sender_rank,
-            self.stages[0].first_rank, len(self.stages), width,
+            self.MAGIC,
+            self.VERSION,
+            flags,
+            self.step_id,
+            self.sender_rank,
+            self.stages[0].first_rank,
+            len(self.stages),
+            width,
         )
         counts = [n for stage in self.stages for n in stage.num_tokens]
         return head + struct.pack(f"<{len(counts)}I", *counts)
@@ -179,12 +186,15 @@ class ControlPayload:
             )
         counts = struct.unpack_from(f"<{n_stages * width}I", data, cls._HEAD.size)
         stages = tuple(
-            AFDDPMetadata(first, tuple(counts[s * width:(s + 1) * width]))
+            AFDDPMetadata(first, tuple(counts[s * width : (s + 1) * width]))
             for s in range(n_stages)
         )
         return cls(
-            step_id=step, sender_rank=sender, stages=stages,
-            is_warmup=bool(flags & 1), is_graph_capturing=bool(flags & 2),
+            step_id=step,
+            sender_rank=sender,
+            stages=stages,
+            is_warmup=bool(flags & 1),
+            is_graph_capturing=bool(flags & 2),
             is_profile=bool(flags & 4),
         )
 
@@ -216,7 +226,9 @@ class TransferHeader:
 
     def __post_init__(self) -> None:
         if self.direction not in ("a2f", "f2a"):
-            raise ValueError(f"TransferHeader.direction must be 'a2f' or 'f2a', not {self.direction!r}")
+            raise ValueError(
+                f"TransferHeader.direction must be 'a2f' or 'f2a', not {self.direction!r}"
+            )
         for name in ("dtype", "logits_dtype"):
             if getattr(self, name) not in WIRE_DTYPES:
                 raise ValueError(
@@ -227,9 +239,18 @@ class TransferHeader:
     def encode(self) -> bytes:
         """The 64-byte wire form."""
         packed = self._LAYOUT.pack(
-            self.MAGIC, self.VERSION, 0 if self.direction == "a2f" else 1,
-            WIRE_DTYPES[self.dtype], self.step_id, self.layer, self.stage, 0,
-            self.num_tokens, self.hidden_size, self.sender_rank, self.logits_width,
+            self.MAGIC,
+            self.VERSION,
+            0 if self.direction == "a2f" else 1,
+            WIRE_DTYPES[self.dtype],
+            self.step_id,
+            self.layer,
+            self.stage,
+            0,
+            self.num_tokens,
+            self.hidden_size,
+            self.sender_rank,
+            self.logits_width,
             WIRE_DTYPES[self.logits_dtype],
         )
         return packed.ljust(self.SIZE, b"\0")
@@ -239,8 +260,21 @@ class TransferHeader:
         """Parse a 64-byte header; raise AFDProtocolError for anything that is not one."""
         if len(data) != cls.SIZE:
             raise AFDProtocolError(f"AFD data: header is {len(data)} bytes, expected {cls.SIZE}")
-        (magic, version, direction, dtype, step, layer, stage, _pad, tokens, hidden,
-         sender, logits_width, logits_dtype) = cls._LAYOUT.unpack_from(data)
+        (
+            magic,
+            version,
+            direction,
+            dtype,
+            step,
+            layer,
+            stage,
+            _pad,
+            tokens,
+            hidden,
+            sender,
+            logits_width,
+            logits_dtype,
+        ) = cls._LAYOUT.unpack_from(data)
         if magic != cls.MAGIC:
             raise AFDProtocolError(
                 f"AFD data: bad magic {magic!r} (expected {cls.MAGIC!r}); the peers are "
@@ -254,9 +288,15 @@ class TransferHeader:
         if dtype not in _DTYPE_NAMES or logits_dtype not in _DTYPE_NAMES:
             raise AFDProtocolError(f"AFD data: unknown dtype code {dtype}/{logits_dtype}")
         return cls(
-            direction="a2f" if direction == 0 else "f2a", step_id=step, layer=layer,
-            stage=stage, num_tokens=tokens, dtype=_DTYPE_NAMES[dtype], hidden_size=hidden,
-            sender_rank=sender, logits_width=logits_width,
+            direction="a2f" if direction == 0 else "f2a",
+            step_id=step,
+            layer=layer,
+            stage=stage,
+            num_tokens=tokens,
+            dtype=_DTYPE_NAMES[dtype],
+            hidden_size=hidden,
+            sender_rank=sender,
+            logits_width=logits_width,
             logits_dtype=_DTYPE_NAMES[logits_dtype],
         )
 

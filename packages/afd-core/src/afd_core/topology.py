@@ -128,9 +128,7 @@ class Topology:
         return "\n".join(lines)
 
 
-def attention_role_rank(
-    dp_rank: int, tp_rank: int, explicit_rank: int | None
-) -> tuple[int, bool]:
+def attention_role_rank(dp_rank: int, tp_rank: int, explicit_rank: int | None) -> tuple[int, bool]:
     """Role rank of an attention worker and whether it carries AFD traffic.
 
     An attention rank is one data-parallel group: its tensor-parallel ranks hold the same

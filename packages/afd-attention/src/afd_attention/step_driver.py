@@ -1,0 +1,250 @@
+"""The attention side of the per-layer exchange: one :class:`StepDriver` per attention rank.
+
+The model's exchange op (``torch.ops.afd.exchange``) calls :meth:`StepDriver.exchange` at
+every exchanging decoder layer of every forward. A *step* is one forward: the driver
+numbers steps, installs :class:`~afd_core.metadata.AFDStepMetadata` at
+``forward_context.additional_kwargs["afd_metadata"]``, sends the step's
+:class:`~afd_core.metadata.ControlPayload` to the FFN rank, then per layer sends the
+hidden states (with a :class:`~afd_core.metadata.TransferHeader`) and receives the FFN
+output.
+
+A step begins either explicitly (:meth:`StepDriver.begin_step`, called by the runner with
+the scheduled token count before the model runs) or lazily at the first exchange of a
+forward whose context carries no ``afd_metadata`` (profile, warm-up and dummy runs, which
+call the model directly); :meth:`StepDriver.dummy_flags` tells the lazy path why the
+forward runs. Every step must exchange every layer of the wire spec exactly once, in
+order; anything else raises :class:`~afd_core.errors.AFDProtocolError`, because the FFN
+rank would otherwise wait for (or compute) the wrong layer.
+
+Platform independent and free of vLLM and torch imports at module level: the forward
+context and the output allocation are injected (their defaults import lazily), so the
+state machine is tested with a fake connector and fake tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+from afd_core.connector import Connector, WireSpec
+from afd_core.errors import AFDProtocolError
+from afd_core.metadata import AFDDPMetadata, AFDStepMetadata, ControlPayload, TransferHeader
+from afd_models.roles import dtype_name
+
+#: Key of the step metadata in ``ForwardContext.additional_kwargs``.
+METADATA_KEY = "afd_metadata"
+
+
+@dataclass(frozen=True)
+class StepFlags:
+    """Why a forward runs; copied into the step's control payload."""
+
+    is_warmup: bool = False
+    is_graph_capturing: bool = False
+    is_profile: bool = False
+
+
+#: A forward scheduled by vLLM's scheduler (real requests).
+SCHEDULED = StepFlags()
+#: A forward that no scheduler asked for and nobody labelled (compile or kernel warm-up).
+WARMUP = StepFlags(is_warmup=True)
+
+
+def forward_context_kwargs() -> dict[str, Any]:
+    """``additional_kwargs`` of vLLM's current forward context (the default step slot).
+
+    Raises AFDProtocolError when no forward context is set: the exchange op only runs
+    inside a model forward, which vLLM always wraps in ``set_forward_context``.
+    """
+    from vllm.forward_context import get_forward_context, is_forward_context_available
+
+    if not is_forward_context_available():
+        raise AFDProtocolError(
+            "AFD attention: an exchange ran outside a vLLM forward context; the AFD model "
+            "must be called by a vLLM model runner"
+        )
+    return get_forward_context().additional_kwargs
+
+
+def new_contiguous_like(hidden: Any) -> Any:
+    """A fresh, contiguous, uninitialised tensor with ``hidden``'s shape, dtype and device.
+
+    Fresh per layer on purpose: the result becomes the layer's MLP output, which the next
+    layer's fused residual norm may update in place, so it must not alias a buffer that a
+    later exchange writes into.
+    """
+    import torch
+
+    return torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device)
+
+
+@dataclass
+class _ActiveStep:
+    metadata: AFDStepMetadata
+    next_index: int = 0
+
+
+class StepDriver:
+    """Numbers the steps of one attention rank and runs their per-layer exchanges.
+
+    ``connector`` must be initialised before the first step. ``exchange_layers`` is the
+    ordered sequence of layer ids the model exchanges per forward (default
+    ``0..wire.num_exchange_layers-1``). ``step_slot`` returns the current forward's
+    ``additional_kwargs`` dict and ``new_output`` allocates the receive buffer for a
+    hidden-states tensor (defaults: :func:`forward_context_kwargs`,
+    :func:`new_contiguous_like`).
+
+    Not thread-safe: vLLM runs the forwards of a worker on one thread.
+    """
+
+    def __init__(
+        self,
+        connector: Connector,
+        wire: WireSpec,
+        role_rank: int,
+        *,
+        exchange_layers: Sequence[int] | None = None,
+        step_slot: Callable[[], dict[str, Any]] = forward_context_kwargs,
+        new_output: Callable[[Any], Any] = new_contiguous_like,
+    ) -> None:
+        default_layers = range(wire.num_exchange_layers)
+        layers = tuple(default_layers if exchange_layers is None else exchange_layers)
+        if len(layers) != wire.num_exchange_layers:
+            raise ValueError(
+                f"StepDriver: {len(layers)} exchange layers {layers} but the wire spec "
+                f"announces {wire.num_exchange_layers}"
+            )
+        self._connector = connector
+        self._wire = wire
+        self._role_rank = role_rank
+        self._ffn_rank = connector.topology.ffn_rank_of(role_rank)
+        self._layers = layers
+        self._step_slot = step_slot
+        self._new_output = new_output
+        self._next_step_id = 0
+        self._active: _ActiveStep | None = None
+        self._dummy_flags: StepFlags | None = None
+        self.completed_steps = 0
+
+    @property
+    def exchange_layers(self) -> tuple[int, ...]:
+        """The layer ids every step exchanges, in order."""
+        return self._layers
+
+    @contextmanager
+    def dummy_flags(self, flags: StepFlags) -> Iterator[None]:
+        """Label the forwards begun lazily inside this block with ``flags`` (nestable)."""
+        previous = self._dummy_flags
+        self._dummy_flags = flags
+        try:
+            yield
+        finally:
+            self._dummy_flags = previous
+
+    def begin_step(self, num_tokens: int, flags: StepFlags = SCHEDULED) -> AFDStepMetadata:
+        """Start the next step: install its metadata and send its control payload.
+
+        Call inside the forward context of the forward that runs the step, before the
+        model. Raises AFDProtocolError when the previous step did not exchange every
+        layer (the FFN rank still waits for its remaining layers).
+        """
+        if self._active is not None:
+            active = self._active
+            raise AFDProtocolError(
+                f"AFD attention rank {self._role_rank}: step {active.metadata.step_id} ended "
+                f"after {active.next_index} of {len(self._layers)} exchange layers; the "
+                "model must run every exchange layer in each forward (a forward was "
+                "interrupted, or the model skips layers)"
+            )
+        step_id = self._next_step_id
+        metadata = AFDStepMetadata.single_stage(step_id, num_tokens)
+        payload = ControlPayload(
+            step_id=step_id,
+            sender_rank=self._role_rank,
+            stages=(AFDDPMetadata(first_rank=self._role_rank, num_tokens=(num_tokens,)),),
+            is_warmup=flags.is_warmup,
+            is_graph_capturing=flags.is_graph_capturing,
+            is_profile=flags.is_profile,
+        )
+        self._step_slot()[METADATA_KEY] = metadata
+        self._next_step_id += 1
+        self._connector.control_plane.send_step(payload)
+        self._active = _ActiveStep(metadata)
+        return metadata
+
+    def exchange(self, hidden: Any, router_logits: Any | None, layer: int) -> Any:
+        """Send ``hidden`` (and ``router_logits``) of ``layer`` to FFN; return FFN's output.
+
+        Begins the step lazily when the forward has no step metadata yet. Returns a fresh
+        tensor shaped like ``hidden`` that the caller owns. Raises AFDProtocolError for a
+        layer out of order, a token count that differs from the step's, or a tensor that
+        does not match the wire spec; connector errors propagate.
+        """
+        metadata = self._step_slot().get(METADATA_KEY)
+        if metadata is None:
+            flags = WARMUP if self._dummy_flags is None else self._dummy_flags
+            metadata = self.begin_step(hidden.shape[0], flags)
+        active = self._check_step(metadata)
+        expected_layer = self._layers[active.next_index]
+        if layer != expected_layer:
+            raise AFDProtocolError(
+                f"AFD attention rank {self._role_rank}: step {metadata.step_id} exchanged "
+                f"layer {layer} where layer {expected_layer} (exchange {active.next_index} of "
+                f"{len(self._layers)}) was expected; the model's exchange layers must be "
+                f"{self._layers} in this order"
+            )
+        header = self._header(metadata, layer, hidden)
+        logits = router_logits if self._wire.router_logits_width else None
+        self._connector.send_hidden(header, hidden.contiguous(), logits)
+        out = self._new_output(hidden)
+        reply = replace(header, direction="f2a", sender_rank=self._ffn_rank, logits_width=0)
+        out = self._connector.recv_output(reply, out)
+        active.next_index += 1
+        if active.next_index == len(self._layers):
+            self._active = None
+            self.completed_steps += 1
+        return out
+
+    def _check_step(self, metadata: AFDStepMetadata) -> _ActiveStep:
+        active = self._active
+        if active is None or active.metadata.step_id != metadata.step_id:
+            current = "none" if active is None else str(active.metadata.step_id)
+            raise AFDProtocolError(
+                f"AFD attention rank {self._role_rank}: the forward carries step "
+                f"{metadata.step_id}, but the step in progress is {current}; a forward "
+                "exchanged more layers than the wire spec announces, or reused the step "
+                "metadata of another forward"
+            )
+        return active
+
+    def _header(self, metadata: AFDStepMetadata, layer: int, hidden: Any) -> TransferHeader:
+        stage = metadata.stage_index
+        num_tokens, hidden_size = hidden.shape[0], hidden.shape[-1]
+        expected_tokens = metadata.padded_lens[stage]
+        problems = []
+        if num_tokens != expected_tokens:
+            problems.append(f"{num_tokens} tokens where the step announced {expected_tokens}")
+        if hidden_size != self._wire.hidden_size:
+            problems.append(f"hidden size {hidden_size}, wire spec {self._wire.hidden_size}")
+        if dtype_name(hidden.dtype) != self._wire.dtype:
+            problems.append(f"dtype {dtype_name(hidden.dtype)}, wire spec {self._wire.dtype}")
+        if problems:
+            raise AFDProtocolError(
+                f"AFD attention rank {self._role_rank}: layer {layer} of step "
+                f"{metadata.step_id} has {'; '.join(problems)}; the model and the runner "
+                "disagree about the forward"
+            )
+        return TransferHeader(
+            direction="a2f",
+            step_id=metadata.step_id,
+            layer=layer,
+            stage=stage,
+            num_tokens=num_tokens,
+            dtype=self._wire.dtype,
+            hidden_size=hidden_size,
+            sender_rank=self._role_rank,
+            logits_width=self._wire.router_logits_width,
+            logits_dtype=self._wire.router_logits_dtype,
+        )

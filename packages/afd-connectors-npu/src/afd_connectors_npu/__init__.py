@@ -1,0 +1,5 @@
+"""Ascend NPU connectors (CAM point-to-point and asynchronous) for Attention-FFN
+Disaggregation (AFD) in vLLM.
+"""
+
+__version__ = "0.1.0"

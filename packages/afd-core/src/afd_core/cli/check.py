@@ -1,0 +1,126 @@
+"""``afd check CONFIG``: validate an AFD config with the vLLM plugin's own parser.
+
+``CONFIG`` is a JSON object given inline or the path to a JSON file. The object is either
+the AFD settings themselves (``{"role": "ffn", ...}``) or a whole ``additional_config``
+holding them under ``"afd"`` (``{"afd": {...}, ...}``); the two cannot be confused because
+``"afd"`` is not a valid AFD setting. Connector names are checked against the registry of
+the installed plugins; what needs a full vLLM config (the role's worker class, the plugins'
+``afd_validate`` hooks) is left to vLLM start-up. Prints the resolved config and the
+rank map and exits 0; on any problem prints ``error: <one line>`` to stderr and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from afd_core.coercion import show
+from afd_core.config import AFDConfig, parse_afd_config
+from afd_core.errors import AFDError
+
+EXIT_INVALID = 2
+
+
+class _CheckError(AFDError):
+    """A problem with the ``afd check`` input itself (unreadable file, bad JSON)."""
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``check`` to the ``afd`` subcommands and return its parser."""
+    parser = subparsers.add_parser(
+        "check",
+        help="validate an AFD config and print the resolved rank map",
+        description=(
+            "Validate an AFD config as the vLLM plugin does and print the resolved config "
+            "and rank map. CONFIG_JSON_OR_FILE is inline JSON or a JSON file holding either "
+            'the "afd" settings or a whole additional_config with an "afd" key.'
+        ),
+    )
+    parser.add_argument(
+        "config",
+        metavar="CONFIG_JSON_OR_FILE",
+        help='a JSON object (the "afd" settings or a whole additional_config) or a JSON file',
+    )
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Validate ``args.config``; print the result (exit 0) or the error (exit 2)."""
+    try:
+        config = parse_afd_config(_afd_settings(_load_json(args.config)))
+    except AFDError as exc:
+        # Plugin errors may quote multi-line text; the contract here is one line.
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return EXIT_INVALID
+    print(describe(config))
+    return 0
+
+
+def describe(config: AFDConfig) -> str:
+    """The resolved config (every field) and its rank map, as ``afd check`` prints them."""
+    lines = [f"AFD config is valid ({config.role} role)."]
+    for f in fields(config):
+        value = getattr(config, f.name)
+        if f.name == "connector_extra_config":
+            value = dict(value)
+        shown = json.dumps(value)
+        if f.name == "role_rank" and value is None:
+            shown += " (derived from vLLM's data-parallel rank)"
+        lines.append(f"  {f.name}: {shown}")
+    topology = config.topology
+    if config.role_rank is not None:
+        world = topology.world_rank(config.role, config.role_rank)
+        lines.append(f"This process: {config.role} rank {config.role_rank} (world {world})")
+    lines.append(topology.describe())
+    return "\n".join(lines)
+
+
+def _load_json(argument: str) -> Any:
+    """Parse ``argument`` as inline JSON when it starts with ``{`` or ``[``, else as a file."""
+    if argument.lstrip().startswith(("{", "[")):
+        source, text = "the CONFIG argument", argument
+    else:
+        path = Path(argument)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise _CheckError(
+                f"afd check: cannot read {argument!r} ({exc.strerror or exc}); pass a JSON "
+                "object or the path to a JSON file"
+            ) from exc
+        source = repr(argument)
+    try:
+        return json.loads(text, object_pairs_hook=_reject_duplicate_keys)
+    except json.JSONDecodeError as exc:
+        raise _CheckError(
+            f"afd check: {source} is not valid JSON ({exc.msg} at line {exc.lineno} "
+            f"column {exc.colno}); fix the JSON"
+        ) from exc
+
+
+def _reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object without repeated keys (plain ``json.loads`` keeps the last silently)."""
+    document: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in document:
+            raise _CheckError(
+                f"afd check: key {key!r} appears twice in one JSON object (set to "
+                f"{show(document[key], with_type=False)} and {show(value, with_type=False)}); "
+                "keep one"
+            )
+        document[key] = value
+    return document
+
+
+def _afd_settings(document: Any) -> Any:
+    """The AFD settings inside ``document`` (a whole additional_config or the settings)."""
+    if not isinstance(document, dict):
+        raise _CheckError(
+            f"afd check: the config must be a JSON object, got {type(document).__name__}; "
+            'write {"role": ..., "connector": ...} or {"afd": {...}}'
+        )
+    return document.get("afd", document)

@@ -1,0 +1,113 @@
+"""What the attention and FFN workers share: their rank, their model's wire spec, their connector.
+
+A role worker calls, after loading its model:
+
+1. :func:`resolve_role_rank` — this worker's rank in its role, from vLLM's parallel
+   config and ``role_rank`` of the AFD config (rejecting layouts the roles cannot run);
+2. :func:`model_wire_spec` — the :class:`~afd_core.connector.WireSpec` of the loaded
+   model, or a clear error when the model is not an AFD wrapper;
+3. :func:`build_connector` — the configured connector class from the registry,
+   constructed for this rank (no communication yet: ``initialize()`` is the caller's).
+
+Pure Python: vLLM objects are duck-typed, nothing here imports vLLM or torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from afd_core.config import AFDConfig
+from afd_core.connector import Connector, WireSpec
+from afd_core.errors import AFDConfigError
+from afd_core.registry import get_registry
+from afd_core.topology import Role, attention_role_rank, ffn_role_rank
+
+
+def check_parallel_layout(config: AFDConfig, parallel_config: Any) -> None:
+    """Raise AFDConfigError for a vLLM parallel layout the role workers cannot run yet.
+
+    ``parallel_config`` is vLLM's ``ParallelConfig`` (``tensor_parallel_size``,
+    ``pipeline_parallel_size``, ``data_parallel_size``). Both roles need tensor and
+    pipeline parallel size 1 (an attention rank is one data-parallel group whose TP rank
+    0 would talk to FFN; the TP broadcast of the FFN result is not written yet). The FFN
+    role also needs data parallel size 1: its MoE runs outside vLLM's scheduler, so
+    vLLM's data-parallel MoE collectives would wait for steps that never come; start
+    one FFN server per FFN rank with ``role_rank`` instead.
+    """
+    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+        size = getattr(parallel_config, key)
+        if size != 1:
+            raise AFDConfigError(
+                f"AFD config: the {config.role} role does not support {key}={size} yet; "
+                f"set {key}=1 and scale the role with more ranks (num_{config.role}_ranks)"
+            )
+    if config.role == "ffn" and parallel_config.data_parallel_size != 1:
+        raise AFDConfigError(
+            f"AFD config: the ffn role does not support data_parallel_size="
+            f"{parallel_config.data_parallel_size}; start one FFN server per FFN rank "
+            '(data_parallel_size=1) with "role_rank" set to 0..num_ffn_ranks-1'
+        )
+
+
+def resolve_role_rank(config: AFDConfig, parallel_config: Any, tp_rank: int = 0) -> int:
+    """This worker's rank in its role (see :mod:`afd_core.topology`).
+
+    The config's ``role_rank`` wins; otherwise the attention rank is vLLM's data-parallel
+    rank and the FFN rank follows :func:`~afd_core.topology.ffn_role_rank`. Raises
+    AFDConfigError for an unsupported layout (:func:`check_parallel_layout`) and for a
+    rank outside the topology.
+    """
+    check_parallel_layout(config, parallel_config)
+    dp_rank = parallel_config.data_parallel_rank
+    if config.role == "attention":
+        rank, _talks_to_ffn = attention_role_rank(dp_rank, tp_rank, config.role_rank)
+    else:
+        rank = ffn_role_rank(
+            dp_rank, parallel_config.tensor_parallel_size, tp_rank, config.role_rank
+        )
+    config.topology.world_rank(config.role, rank)  # raises for a rank outside the map
+    return rank
+
+
+def model_wire_spec(model: Any, architecture: str, role: Role) -> WireSpec:
+    """The wire spec of a loaded model; AFDConfigError when it is not an AFD wrapper.
+
+    Both roles need ``afd_wire_spec`` and ``afd_exchange_layers``; the FFN role also
+    ``afd_compute_ffn``. The error names ``architecture`` and the architectures the
+    installed AFD plugins support.
+    """
+    needed = ["afd_wire_spec", "afd_exchange_layers"]
+    if role == "ffn":
+        needed.append("afd_compute_ffn")
+    missing = [name for name in needed if not callable(getattr(model, name, None))]
+    if missing:
+        supported = ", ".join(sorted(get_registry().models)) or "none (install afd-models)"
+        raise AFDConfigError(
+            f"AFD: the model {type(model).__name__} (architecture {architecture!r}) is not an "
+            f"AFD {role} model (it lacks {', '.join(missing)}); AFD supports the "
+            f"architectures: {supported}. Serve one of those, or register a wrapper for "
+            f"{architecture!r} through the afd_models hook"
+        )
+    wire = model.afd_wire_spec()
+    if not isinstance(wire, WireSpec):
+        raise AFDConfigError(
+            f"AFD: {type(model).__name__}.afd_wire_spec() returned {wire!r}, not an "
+            "afd_core.connector.WireSpec; fix the model wrapper"
+        )
+    return wire
+
+
+def build_connector(config: AFDConfig, role_rank: int, wire: WireSpec) -> Connector:
+    """Construct the configured connector for ``role_rank`` (no rendezvous yet).
+
+    Raises AFDConfigError when the connector name is not registered or its class is not
+    a :class:`~afd_core.connector.Connector`, AFDInstallError when it cannot be imported.
+    """
+    spec = get_registry().connector(config.connector)
+    cls = spec.load()
+    if not (isinstance(cls, type) and issubclass(cls, Connector)):
+        raise AFDConfigError(
+            f"AFD: connector {config.connector!r} points at {spec.target}, which is not a "
+            "subclass of afd_core.connector.Connector; fix the plugin that registers it"
+        )
+    return cls(config, role_rank, wire)

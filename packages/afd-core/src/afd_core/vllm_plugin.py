@@ -1,0 +1,179 @@
+"""afd-core's ``vllm.general_plugins`` entry point: how AFD gets into every vLLM process.
+
+vLLM calls :func:`register` once in every process it starts (API server, engine core,
+workers, the model-inspection subprocess), without arguments and without catching
+errors. It checks the vLLM version, loads the AFD plugins, registers their model
+wrappers with vLLM's ``ModelRegistry`` and wraps the platform's
+``check_and_update_config`` so that, in the process that builds the vLLM config, an AFD
+deployment gets its role worker and its settings checked. Without
+``additional_config["afd"]`` the wrapped hook changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from afd_core.config import AFDConfig, afd_config_from_vllm
+from afd_core.errors import AFDConfigError, AFDInstallError
+from afd_core.platform import current_platform_name
+from afd_core.plugins import AFDPluginManager, get_plugin_manager
+from afd_core.registry import AFDRegistry, get_registry
+from afd_core.specs import Platform, load_target
+
+#: ``vllm.__version__`` values this release works with (the CPU wheel may add ``+cpu``).
+SUPPORTED_VLLM_VERSIONS: tuple[str, ...] = ("0.32.0", "0.32.0+cpu")
+#: Attribute that marks the wrapped ``check_and_update_config`` (so it is wrapped once).
+HOOK_SENTINEL = "__afd_config_hook__"
+
+
+def register() -> None:
+    """Install AFD into this vLLM process; idempotent and cheap.
+
+    Raises AFDInstallError for an unsupported vLLM version, a broken plugin, or a vLLM
+    platform whose config hook cannot be wrapped.
+    """
+    import vllm
+
+    check_vllm_version(vllm.__version__)
+    registry = get_registry()
+    if registry.models:
+        from vllm.model_executor.models import ModelRegistry
+
+        register_models(registry, ModelRegistry)
+    from vllm.platforms import current_platform
+
+    install_config_hook(type(current_platform))
+
+
+def check_vllm_version(found: str) -> None:
+    """Raise AFDInstallError unless ``found`` (``vllm.__version__``) is supported."""
+    if found not in SUPPORTED_VLLM_VERSIONS:
+        raise AFDInstallError(
+            f"AFD: found vLLM {found}, but this AFD release supports vLLM 0.32.0 only "
+            f"({' or '.join(SUPPORTED_VLLM_VERSIONS)}); install vLLM 0.32.0 "
+            "(pip install 'afd-core[cpu]' or 'afd-core[cuda]') or the AFD release made for "
+            f"vLLM {found}"
+        )
+
+
+def register_models(registry: AFDRegistry, model_registry: Any) -> None:
+    """Register every model wrapper of ``registry`` with vLLM's ``ModelRegistry``.
+
+    Registration is by ``"module:Class"`` string, so nothing is imported here; vLLM
+    replaces the stock class of each architecture (registering the same string twice is
+    harmless).
+    """
+    for spec in registry.models.values():
+        model_registry.register_model(spec.architecture, spec.target)
+
+
+def install_config_hook(platform_cls: type) -> None:
+    """Wrap ``platform_cls.check_and_update_config`` with :func:`afd_check_and_update_config`.
+
+    A second call finds the sentinel and does nothing. Raises AFDInstallError when the
+    attribute is missing or cannot be replaced: AFD must never be silently inactive.
+    """
+    original = getattr(platform_cls, "check_and_update_config", None)
+    if not callable(original):
+        raise AFDInstallError(
+            f"AFD: vLLM platform {platform_cls.__qualname__} has no check_and_update_config; "
+            "this vLLM is not the 0.32.0 that AFD supports"
+        )
+    if getattr(original, HOOK_SENTINEL, False):
+        return
+
+    def check_and_update_config(cls: type, vllm_config: Any) -> None:
+        afd_check_and_update_config(original, vllm_config)
+
+    setattr(check_and_update_config, HOOK_SENTINEL, True)
+    check_and_update_config.__wrapped__ = original  # type: ignore[attr-defined]
+    check_and_update_config.__doc__ = original.__doc__
+    try:
+        platform_cls.check_and_update_config = classmethod(check_and_update_config)
+    except (AttributeError, TypeError) as exc:
+        raise AFDInstallError(
+            f"AFD: cannot wrap {platform_cls.__qualname__}.check_and_update_config ({exc}); "
+            "AFD cannot resolve its role workers on this vLLM platform"
+        ) from exc
+    if not getattr(platform_cls.check_and_update_config, HOOK_SENTINEL, False):
+        raise AFDInstallError(
+            f"AFD: replacing {platform_cls.__qualname__}.check_and_update_config had no "
+            "effect; AFD cannot resolve its role workers on this vLLM platform"
+        )
+
+
+def afd_check_and_update_config(original: Callable[[Any], None], vllm_config: Any) -> None:
+    """The wrapped platform hook: run vLLM's, then apply AFD when it is configured.
+
+    Runs in the process that builds the vLLM config. Raises AFDConfigError for an invalid
+    AFD config or worker_cls, AFDInstallError when the role's package is missing.
+    """
+    was_auto = vllm_config.parallel_config.worker_cls == "auto"
+    original(vllm_config)
+    config = afd_config_from_vllm(vllm_config)
+    if config is None:
+        return
+    apply_afd_config(
+        config,
+        vllm_config,
+        was_auto=was_auto,
+        platform=current_platform_name(),
+        registry=get_registry(),
+        pm=get_plugin_manager(),
+    )
+
+
+def apply_afd_config(
+    config: AFDConfig,
+    vllm_config: Any,
+    *,
+    was_auto: bool,
+    platform: Platform,
+    registry: AFDRegistry,
+    pm: AFDPluginManager,
+) -> None:
+    """Make ``vllm_config`` run ``config.role``; then let every plugin validate it.
+
+    Sets ``parallel_config.worker_cls`` (see :func:`resolve_worker_cls`), turns prefix
+    caching off for the FFN role (it has no KV cache) and calls the ``afd_validate`` hook
+    of every plugin, whose AFDConfigError propagates.
+    """
+    parallel = vllm_config.parallel_config
+    parallel.worker_cls = resolve_worker_cls(
+        config, platform, parallel.worker_cls, was_auto, registry
+    )
+    if config.role == "ffn":
+        vllm_config.cache_config.enable_prefix_caching = False
+    pm.hook.afd_validate(config=config, vllm_config=vllm_config)
+
+
+def resolve_worker_cls(
+    config: AFDConfig,
+    platform: Platform,
+    current_worker_cls: str,
+    was_auto: bool,
+    registry: AFDRegistry,
+) -> str:
+    """The vLLM ``worker_cls`` (dotted ``"pkg.module.Class"``) for ``config.role``.
+
+    ``was_auto``: the user left ``worker_cls`` at ``"auto"`` (vLLM's platform hook has
+    since replaced it with its stock worker), so the registered role worker is returned.
+    Otherwise ``current_worker_cls`` must be the registered worker or a subclass of it and
+    is returned unchanged. Raises AFDInstallError naming the package to install when no
+    worker is registered for the role and platform, AFDConfigError for any other explicit
+    class.
+    """
+    spec = registry.worker(config.role, platform)
+    expected = spec.target.replace(":", ".")
+    if was_auto or current_worker_cls == expected:
+        return expected
+    module, _, name = current_worker_cls.rpartition(".")
+    chosen = load_target(f"{module}:{name}") if module else None
+    if isinstance(chosen, type) and issubclass(chosen, load_target(spec.target)):
+        return current_worker_cls
+    raise AFDConfigError(
+        f"AFD config: worker_cls {current_worker_cls!r} cannot run the {config.role} role on "
+        f"{platform}: it must be {expected} (from {spec.distribution}) or a subclass of it; "
+        "leave worker_cls at 'auto' to get it, or derive your worker from it"
+    )

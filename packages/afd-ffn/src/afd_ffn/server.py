@@ -1,0 +1,236 @@
+"""The FFN role's serving loop: a daemon thread driven by the connector's control plane.
+
+An FFN rank has no scheduler and no KV cache. Its :class:`FFNServer` thread
+(``afd-ffn-server``) does the rendezvous, then repeats::
+
+    step = connector.control_plane.recv_step()       # None once the connector is closed
+    for stage in step's stages:
+        for layer in model.afd_exchange_layers():
+            batch = connector.recv_hidden(step, layer, stage)
+            out = model.afd_compute_ffn(layer, batch.hidden, batch.router_logits)
+            connector.send_output(batch, out)
+
+Each step runs inside the compute context (vLLM: ``torch.inference_mode()`` and
+``set_forward_context(None, vllm_config)``; the MoE layers find themselves through the
+forward context). vLLM's forward context is a module global, not a thread-local: setting
+it from this thread is safe because the FFN worker's main thread never runs a forward (it
+only answers vLLM's RPCs, and the FFN worker refuses ``execute_model``).
+
+Any error other than a requested stop ends the loop for good: it is logged with its
+reason, kept for ``check_health``, the connector is closed (so the peers see the FFN rank
+go instead of waiting for it) and ``on_failure`` runs; in a vLLM worker that ends the
+process (:func:`exit_worker_process`), so vLLM shuts the FFN deployment down.
+
+Platform independent: vLLM and torch are imported only by :func:`vllm_compute_context`
+and :func:`open_ffn_server`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Protocol
+
+from afd_core.config import afd_config_from_vllm
+from afd_core.connector import Connector, FFNStep
+from afd_core.errors import AFDConfigError, AFDPeerError, AFDProtocolError, AFDShutdown
+from afd_core.roles import build_connector, model_wire_spec, resolve_role_rank
+from afd_ffn.stats import FFNStats
+
+# A child of vLLM's logger, so vLLM's logging config (handler, level, format) applies.
+logger = logging.getLogger(f"vllm.{__name__}")
+
+#: Name of the server thread (visible in ``py-spy dump`` and thread listings).
+THREAD_NAME = "afd-ffn-server"
+#: Seconds :func:`exit_worker_process` waits for a graceful exit before ``os._exit(1)``.
+EXIT_GRACE_S = 10.0
+
+
+class FFNModel(Protocol):
+    """What the FFN server needs from the FFN role's model wrapper."""
+
+    def afd_exchange_layers(self) -> tuple[int, ...]:
+        """The layer ids exchanged per step, in the order the attention role sends them."""
+        ...
+
+    def afd_compute_ffn(self, layer: int, hidden: Any, router_logits: Any | None) -> Any:
+        """The FFN (MoE or MLP) output of ``layer`` for ``hidden``."""
+        ...
+
+
+def describe_failure(exc: BaseException) -> str:
+    """A short reason for a loop failure, for the log line."""
+    if isinstance(exc, AFDPeerError):
+        return "an attention rank is gone or stopped answering"
+    if isinstance(exc, AFDProtocolError):
+        return "the attention role sent something this FFN rank did not expect"
+    return f"{type(exc).__name__} while serving"
+
+
+class FFNServer:
+    """Serves one FFN rank: rendezvous, then the step loop, on a daemon thread.
+
+    ``connector`` must not be initialised yet (the thread does it, bounded by the AFD
+    timeout). ``compute_context`` returns the context each step runs in;
+    ``on_failure`` is called on the server thread after a failure was recorded and the
+    connector closed.
+    """
+
+    def __init__(
+        self,
+        connector: Connector,
+        model: FFNModel,
+        *,
+        compute_context: Callable[[], AbstractContextManager[Any]],
+        on_failure: Callable[[BaseException], None],
+    ) -> None:
+        layers = tuple(model.afd_exchange_layers())
+        if len(layers) != connector.wire.num_exchange_layers:
+            raise AFDConfigError(
+                f"AFD FFN: the model exchanges {len(layers)} layers {layers} but its wire spec "
+                f"announces {connector.wire.num_exchange_layers}; fix the model wrapper"
+            )
+        self._connector = connector
+        self._model = model
+        self._layers = layers
+        self._compute_context = compute_context
+        self._on_failure = on_failure
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.stats = FFNStats()
+        self.error: BaseException | None = None
+
+    @property
+    def is_running(self) -> bool:
+        """True while the server thread is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        """Start the server thread (once)."""
+        if self._thread is not None:
+            raise RuntimeError("FFNServer.start() was already called")
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float) -> bool:
+        """Close the connector (waking the thread) and join it; True if it ended in time."""
+        self._stopping.set()
+        self._connector.close()
+        if self._thread is None:
+            return True
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def serve_step(self, step: FFNStep) -> None:
+        """Compute every layer of every stage of ``step`` and send the results back."""
+        with self._compute_context():
+            for stage in range(step.num_stages):
+                for layer in self._layers:
+                    batch = self._connector.recv_hidden(step, layer, stage)
+                    output = self._model.afd_compute_ffn(layer, batch.hidden, batch.router_logits)
+                    self._connector.send_output(batch, output)
+                    self.stats.layer_exchanges += 1
+        self.stats.tokens += sum(sum(counts) for counts in step.tokens)
+        self.stats.steps += 1
+
+    def _run(self) -> None:
+        rank = self._connector.role_rank
+        try:
+            self._connector.initialize()
+            logger.info(
+                "AFD FFN rank %d: serving %d exchange layers per step", rank, len(self._layers)
+            )
+            while (step := self._connector.control_plane.recv_step()) is not None:
+                self.serve_step(step)
+        except AFDShutdown:
+            pass
+        except Exception as exc:
+            if self._stopping.is_set():
+                logger.debug("AFD FFN rank %d: error while stopping: %r", rank, exc)
+                return
+            self.error = exc
+            logger.error(
+                "AFD FFN rank %d: the FFN server stopped after %d steps: %s: %s",
+                rank,
+                self.stats.steps,
+                describe_failure(exc),
+                exc,
+                exc_info=exc,
+            )
+            self._connector.close()
+            self._on_failure(exc)
+            return
+        logger.info("AFD FFN rank %d: stopped after %d steps", rank, self.stats.steps)
+
+
+def exit_worker_process(exc: BaseException) -> None:
+    """End this worker process after an FFN server failure, so vLLM notices.
+
+    vLLM never polls a worker's ``check_health``; it does watch its worker processes: when
+    one exits, the executor shuts the engine down and the API server exits with an error.
+    Sends SIGTERM to this process (vLLM's worker handler turns it into an orderly exit)
+    and, should the process still be alive after :data:`EXIT_GRACE_S`, exits hard with
+    status 1.
+    """
+    logger.error("AFD FFN: terminating this worker process (%s: %s)", type(exc).__name__, exc)
+    for handler in logging.getLogger("vllm").handlers:
+        handler.flush()
+    sys.stderr.flush()
+    timer = threading.Timer(EXIT_GRACE_S, os._exit, args=(1,))
+    timer.daemon = True
+    timer.start()
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def vllm_compute_context(vllm_config: Any) -> Callable[[], AbstractContextManager[None]]:
+    """The context an FFN step runs in: inference mode and a vLLM forward context."""
+    import torch
+    from vllm.forward_context import set_forward_context
+
+    @contextmanager
+    def context() -> Iterator[None]:
+        with torch.inference_mode(), set_forward_context(None, vllm_config):
+            yield
+
+    return context
+
+
+def open_ffn_server(vllm_config: Any, model: Any, tp_rank: int) -> FFNServer:
+    """Build the FFN server of this vLLM worker and start it.
+
+    Resolves the AFD config, the FFN rank and the model's wire spec, builds the connector
+    (the server thread does the rendezvous) and starts the thread. Raises AFDConfigError
+    for a missing config, an unsupported layout or a model that is not an AFD wrapper.
+    """
+    config = afd_config_from_vllm(vllm_config, expected_role="ffn")
+    if config is None:
+        raise AFDConfigError(
+            'AFD: the FFN worker runs without additional_config["afd"]; give the deployment '
+            'an "afd" config with "role": "ffn"'
+        )
+    role_rank = resolve_role_rank(config, vllm_config.parallel_config, tp_rank)
+    wire = model_wire_spec(model, vllm_config.model_config.architecture, "ffn")
+    connector = build_connector(config, role_rank, wire)
+    server = FFNServer(
+        connector,
+        model,
+        compute_context=vllm_compute_context(vllm_config),
+        on_failure=exit_worker_process,
+    )
+    server.start()
+    logger.info(
+        "AFD FFN rank %d: server thread started; waiting for %d attention rank(s) at %s:%d "
+        "(%s, at most %d s)",
+        role_rank,
+        len(config.topology.block_of(role_rank)),
+        config.host,
+        config.port,
+        config.connector,
+        config.afd_process_group_timeout_s,
+    )
+    return server

@@ -1,0 +1,25 @@
+"""Counters of one FFN rank, readable while its server runs."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class FFNStats:
+    """What an FFN rank has served since it started.
+
+    ``steps``: control payloads (forwards of the attention ranks) completed;
+    ``layer_exchanges``: (layer, stage) batches computed and sent back; ``tokens``: tokens
+    of the completed steps, summed over the attention ranks and stages of each step (a
+    token counts once per step, not once per layer). Written only by the server thread;
+    readers see whole numbers (Python int updates are atomic), possibly one step behind.
+    """
+
+    steps: int = 0
+    layer_exchanges: int = 0
+    tokens: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        """The counters as a plain dict (what ``afd_stats`` returns over vLLM's RPC)."""
+        return asdict(self)

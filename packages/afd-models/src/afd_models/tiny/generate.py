@@ -1,0 +1,198 @@
+"""Build the tiny checkpoints: seeded weights, sharpened, measured, saved as bf16.
+
+Each model directory holds ``config.json``, ``model.safetensors``,
+``generation_config.json``, the tokenizer files and ``afd_tiny_model.json`` (the
+measurement and the expected fp32 greedy tokens of :data:`~afd_models.tiny.specs.PROMPTS`).
+The same seed gives the same bytes; :attr:`TinyModelReport.sha256` covers every file but
+the report itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from afd_core.errors import AFDError
+from afd_models.tiny.measure import Margin, measure
+from afd_models.tiny.sharpen import sharpen
+from afd_models.tiny.specs import (
+    MAX_ATTEMPTS,
+    MEASURED_TOKENS,
+    PROMPTS,
+    TINY_MODELS,
+    TinyModelSpec,
+)
+from afd_models.tiny.tokenizer import build_tokenizer
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerFast
+
+REPORT_FILE = "afd_tiny_model.json"
+
+
+class TinyModelError(AFDError):
+    """No weight seed gave a model sharp enough to test with."""
+
+
+@dataclass(frozen=True)
+class TinyModelReport:
+    """What was built where, how sharp it is and the digest of its files.
+
+    ``weight_seed``: the seed of the accepted weights (``seed + attempts - 1``).
+    """
+
+    name: str
+    path: Path
+    architecture: str
+    weight_seed: int
+    attempts: int
+    num_parameters: int
+    tokenizer_size: int
+    margin: Margin
+    sha256: str
+    seconds: float
+
+    def summary(self) -> str:
+        """One line for people: sizes, margin, FFN sensitivity, digest."""
+        m = self.margin
+        return (
+            f"{self.name}: {self.num_parameters / 1e6:.2f}M params, "
+            f"min gap {m.min_gap_nats:.2f} nats, bf16 shift {m.max_bf16_shift_nats:.3f}, "
+            f"ratio {m.margin_ratio:.0f}, FFN changes {m.ffn_sensitivity:.0%} of tokens, "
+            f"{m.distinct_tokens} distinct tokens, seed {self.weight_seed} "
+            f"(attempt {self.attempts}), sha256 {self.sha256[:12]}, {self.seconds:.1f}s "
+            f"-> {self.path}"
+        )
+
+
+def generate_tiny_models(
+    out_root: Path, seed: int = 0, names: Iterable[str] | None = None
+) -> list[TinyModelReport]:
+    """Build the models ``names`` (default: all of ``TINY_MODELS``) under ``out_root``.
+
+    Each lands in ``out_root / spec.name``. Raises KeyError for an unknown name and
+    TinyModelError when a model cannot be made sharp enough.
+    """
+    specs = [TINY_MODELS[n] for n in (names or TINY_MODELS)]
+    tokenizer = build_tokenizer(seed)
+    return [generate_tiny_model(spec, out_root / spec.name, seed, tokenizer) for spec in specs]
+
+
+def generate_tiny_model(
+    spec: TinyModelSpec, out_dir: Path, seed: int, tokenizer: PreTrainedTokenizerFast
+) -> TinyModelReport:
+    """Build, sharpen, measure and save one model into ``out_dir`` (created if needed).
+
+    Tries weight seeds ``seed, seed + 1, ...`` up to ``MAX_ATTEMPTS``; raises
+    TinyModelError listing every attempt's shortfalls when none is sharp enough.
+    """
+    import torch
+
+    start = time.perf_counter()
+    spec.check_cpu_constraints(len(tokenizer))
+    special = set(tokenizer.all_special_ids)
+    regular_ids = [i for i in range(len(tokenizer)) if i not in special]
+    prompts = [tokenizer(p).input_ids for p in PROMPTS]
+    failures = []
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        weight_seed = seed + attempt - 1
+        model = _build(spec, tokenizer, weight_seed)
+        sharpen(model, spec, regular_ids, weight_seed)
+        # Measure exactly the weights vLLM will load: bf16 values, computed in fp32.
+        model.to(torch.bfloat16).to(torch.float32)
+        margin = measure(model, prompts, MEASURED_TOKENS)
+        if not margin.shortfalls():
+            break
+        failures.append(f"seed {weight_seed}: " + ", ".join(margin.shortfalls()))
+    else:
+        raise TinyModelError(
+            f"tiny model {spec.name}: no weight seed was sharp enough ("
+            + "; ".join(failures)
+            + "); change lm_head_scale / ffn_output_scale in afd_models.tiny.specs"
+        )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _save(model, tokenizer, out_dir)
+    digest = _digest(out_dir)
+    report = TinyModelReport(
+        name=spec.name,
+        path=out_dir,
+        architecture=spec.architecture,
+        weight_seed=weight_seed,
+        attempts=attempt,
+        num_parameters=sum(p.numel() for p in model.parameters()),
+        tokenizer_size=len(tokenizer),
+        margin=margin,
+        sha256=digest,
+        seconds=time.perf_counter() - start,
+    )
+    _write_json(out_dir / REPORT_FILE, _report_json(report))
+    return report
+
+
+def read_report(model_dir: Path) -> dict[str, Any]:
+    """The ``afd_tiny_model.json`` of a generated model (prompts, expected tokens, margin)."""
+    return json.loads((model_dir / REPORT_FILE).read_text())
+
+
+def _build(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast, seed: int) -> torch.nn.Module:
+    import torch
+    import transformers
+
+    config_cls = getattr(transformers, spec.config_class)
+    model_cls = getattr(transformers, spec.architecture)
+    config = config_cls(
+        **spec.hf_config_kwargs(
+            tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
+        )
+    )
+    torch.manual_seed(seed)
+    return model_cls(config).to(torch.float32)
+
+
+def _save(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> None:
+    import torch
+
+    model.to(torch.bfloat16).save_pretrained(str(out_dir), safe_serialization=True)
+    model.to(torch.float32)
+    tokenizer.save_pretrained(str(out_dir))
+    generation = {
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+        "do_sample": False,
+    }
+    _write_json(out_dir / "generation_config.json", generation)
+
+
+def _digest(out_dir: Path) -> str:
+    sha = hashlib.sha256()
+    for path in sorted(p for p in out_dir.iterdir() if p.is_file() and p.name != REPORT_FILE):
+        sha.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return sha.hexdigest()
+
+
+def _report_json(report: TinyModelReport) -> dict[str, Any]:
+    margin = asdict(report.margin)
+    margin["continuations"] = [list(c) for c in report.margin.continuations]
+    return {
+        "name": report.name,
+        "architecture": report.architecture,
+        "weight_seed": report.weight_seed,
+        "attempts": report.attempts,
+        "num_parameters": report.num_parameters,
+        "tokenizer_size": report.tokenizer_size,
+        "sha256": report.sha256,
+        "prompts": list(PROMPTS),
+        "measured_tokens": MEASURED_TOKENS,
+        "margin": margin,
+    }
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

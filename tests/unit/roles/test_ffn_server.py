@@ -1,0 +1,150 @@
+"""FFNServer: the connector-driven loop, its stats, its stop and its failures."""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+
+import pytest
+
+from afd_core.errors import AFDConfigError, AFDPeerError, AFDProtocolError
+from afd_ffn.server import THREAD_NAME, FFNServer, describe_failure
+from tests.unit.roles.fakes import FakeFFNModel, RecordingConnector, ffn_step, make_config
+
+TIMEOUT_S = 5.0
+
+
+class Harness:
+    """An FFNServer over a RecordingConnector, with failures and contexts recorded."""
+
+    def __init__(self, model: FakeFFNModel | None = None) -> None:
+        self.connector = RecordingConnector(make_config("ffn"), 0)
+        self.model = model or FakeFFNModel()
+        self.failures: list[BaseException] = []
+        self.failed = threading.Event()
+        self.contexts = 0
+        self.server = FFNServer(
+            self.connector,
+            self.model,
+            compute_context=self._context,
+            on_failure=self._on_failure,
+        )
+
+    @contextmanager
+    def _context(self):
+        self.contexts += 1
+        yield
+
+    def _on_failure(self, exc: BaseException) -> None:
+        self.failures.append(exc)
+        self.failed.set()
+
+    def run_until_closed(self, *items) -> None:
+        """Queue ``items`` then the end of the stream; wait for the thread to end."""
+        for item in items:
+            self.connector.steps.put(item)
+        self.connector.steps.put(None)
+        self.server.start()
+        self.server._thread.join(TIMEOUT_S)
+        assert not self.server.is_running
+
+
+def test_each_step_computes_every_layer_of_every_stage_in_order_and_sends_it_back():
+    h = Harness()
+    h.run_until_closed(ffn_step(0, 5), ffn_step(1, 1, 2))
+    assert h.connector.calls("recv_hidden") == [
+        (0, 0, 0), (0, 1, 0), (0, 2, 0),
+        (1, 0, 0), (1, 1, 0), (1, 2, 0),
+        (1, 0, 1), (1, 1, 1), (1, 2, 1),
+    ]  # fmt: skip
+    assert h.model.calls[:3] == [(0, (5, 8)), (1, (5, 8)), (2, (5, 8))]
+    sent = h.connector.calls("send_output")
+    assert [s[:2] for s in sent[:3]] == [(0, 0), (0, 1), (0, 2)]
+    assert sent[0][2] == ("ffn", 0, (5, 8))
+    assert h.connector.events[0] == ("initialize",)
+
+
+def test_stats_count_steps_layer_batches_and_tokens():
+    h = Harness()
+    h.run_until_closed(ffn_step(0, 5), ffn_step(1, 1, 2))
+    assert h.server.stats.as_dict() == {"steps": 2, "layer_exchanges": 9, "tokens": 8}
+
+
+def test_each_step_runs_inside_one_compute_context():
+    h = Harness()
+    h.run_until_closed(ffn_step(0, 1), ffn_step(1, 1), ffn_step(2, 1))
+    assert h.contexts == 3
+
+
+def test_a_closed_control_plane_ends_the_loop_without_a_failure():
+    h = Harness()
+    h.run_until_closed()
+    assert h.server.error is None and h.failures == []
+
+
+def test_stop_wakes_a_server_waiting_for_a_step():
+    h = Harness()
+    h.server.start()
+    assert h.server.is_running
+    assert h.server.stop(TIMEOUT_S)
+    assert not h.server.is_running
+    assert h.connector.is_closed and h.failures == []
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        AFDPeerError("attention rank 0 closed the connection"),
+        AFDProtocolError("layer 1 where layer 0 was expected"),
+    ],
+)
+def test_a_connector_error_is_recorded_closes_the_connector_and_reports_the_failure(exc):
+    h = Harness()
+    h.connector.fail_recv_hidden = exc
+    h.run_until_closed(ffn_step(0, 3))
+    assert h.server.error is exc and h.failures == [exc]
+    assert h.connector.closed_from == [THREAD_NAME]
+
+
+def test_a_model_error_mid_step_fails_the_server():
+    h = Harness(FakeFFNModel(fail_at=1))
+    h.run_until_closed(ffn_step(0, 3), ffn_step(1, 3))
+    assert isinstance(h.server.error, RuntimeError)
+    assert h.failures == [h.server.error]
+    assert h.server.stats.steps == 0 and h.server.stats.layer_exchanges == 1
+
+
+def test_a_bad_control_payload_fails_the_server():
+    h = Harness()
+    h.run_until_closed(AFDProtocolError("bad magic"))
+    assert isinstance(h.server.error, AFDProtocolError)
+
+
+def test_errors_after_stop_was_requested_are_not_failures():
+    h = Harness()
+    h.connector.fail_recv_hidden = AFDPeerError("connection reset while closing")
+    h.server._stopping.set()
+    h.run_until_closed(ffn_step(0, 1))
+    assert h.server.error is None and h.failures == []
+
+
+def test_the_server_thread_is_a_named_daemon():
+    h = Harness()
+    h.server.start()
+    try:
+        assert h.server._thread.name == THREAD_NAME and h.server._thread.daemon
+        with pytest.raises(RuntimeError, match="already called"):
+            h.server.start()
+    finally:
+        h.server.stop(TIMEOUT_S)
+
+
+def test_a_model_whose_layers_differ_from_the_wire_spec_is_rejected():
+    with pytest.raises(AFDConfigError, match=r"exchanges 2 layers"):
+        Harness(FakeFFNModel(layers=(0, 1)))
+
+
+def test_failure_reasons_name_the_kind_of_failure():
+    assert "gone" in describe_failure(AFDPeerError("x"))
+    assert "did not expect" in describe_failure(AFDProtocolError("x"))
+    assert describe_failure(ValueError("x")) == "ValueError while serving"
