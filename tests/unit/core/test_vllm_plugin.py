@@ -153,7 +153,8 @@ def test_unsupported_platform_is_an_install_error() -> None:
 def test_current_platform_name_without_vllm_says_how_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setitem(sys.modules, "vllm", None)
+    for name in ("vllm", "vllm.platforms"):
+        monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(AFDInstallError, match=r"cannot import vLLM.*afd-core\[cpu\]"):
         current_platform_name()
 

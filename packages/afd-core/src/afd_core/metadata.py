@@ -111,7 +111,8 @@ class ControlPayload:
     """The per-step control message from one attention rank to the FFN rank serving it.
 
     ``stages[s]`` holds the token counts of stage ``s`` for the ranks the sender knows
-    (itself, or its whole data-parallel group). The flags tell FFN why the forward runs.
+    (itself, or its whole data-parallel group). ``sender_rank`` is the sender's attention
+    role rank. The flags tell FFN why the forward runs.
     """
 
     VERSION: ClassVar[int] = 1
@@ -206,6 +207,7 @@ class TransferHeader:
     ``direction`` is ``"a2f"`` (attention to FFN) or ``"f2a"``; ``logits_width`` is the
     number of router-logit columns that follow the hidden states (0 when the gate runs on
     FFN); ``logits_dtype`` their dtype name (ignored when ``logits_width`` is 0).
+    ``sender_rank`` is the sender's AFD *world* rank (FFN ranks first).
     """
 
     SIZE: ClassVar[int] = 64

@@ -51,9 +51,7 @@ def get_exchanger() -> Exchanger:
     return _active_exchanger
 
 
-def _exchange(
-    hidden: torch.Tensor, router_logits: torch.Tensor | None, layer: int
-) -> torch.Tensor:
+def _exchange(hidden: torch.Tensor, router_logits: torch.Tensor | None, layer: int) -> torch.Tensor:
     out = get_exchanger().exchange(hidden, router_logits, layer)
     if out.shape != hidden.shape or out.dtype != hidden.dtype:
         raise RuntimeError(

@@ -165,7 +165,9 @@ class FFNQwen3MoeForCausalLM(FFNRoleMixin, AFDQwen3MoeForCausalLM):
     def _set_moe_attributes(self) -> None:
         """vLLM's MixtureOfExperts fields, as ``Qwen3MoeForCausalLM.__init__`` sets them."""
         blocks = [
-            layer.mlp for layer in self.model.layers if isinstance(layer.mlp, Qwen3MoeSparseMoeBlock)
+            layer.mlp
+            for layer in self.model.layers
+            if isinstance(layer.mlp, Qwen3MoeSparseMoeBlock)
         ]
         example = blocks[-1]
         self.moe_layers = [block.experts for block in blocks]

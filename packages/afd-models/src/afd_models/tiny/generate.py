@@ -64,7 +64,8 @@ class TinyModelReport:
         return (
             f"{self.name}: {self.num_parameters / 1e6:.2f}M params, "
             f"min gap {m.min_gap_nats:.2f} nats, bf16 shift {m.max_bf16_shift_nats:.3f}, "
-            f"ratio {m.margin_ratio:.0f}, FFN changes {m.ffn_sensitivity:.0%} of tokens, "
+            f"ratio {m.margin_ratio:.0f}, FFN shift {m.mean_ffn_shift_nats:.2f} nats "
+            f"({m.ffn_token_share:.0%} of tokens), "
             f"{m.distinct_tokens} distinct tokens, seed {self.weight_seed} "
             f"(attempt {self.attempts}), sha256 {self.sha256[:12]}, {self.seconds:.1f}s "
             f"-> {self.path}"
@@ -157,8 +158,15 @@ def _build(spec: TinyModelSpec, tokenizer: PreTrainedTokenizerFast, seed: int) -
 
 def _save(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, out_dir: Path) -> None:
     import torch
+    from transformers.utils import logging
 
-    model.to(torch.bfloat16).save_pretrained(str(out_dir), safe_serialization=True)
+    bars = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()  # "Writing model shards" for a single small file
+    try:
+        model.to(torch.bfloat16).save_pretrained(str(out_dir), safe_serialization=True)
+    finally:
+        if bars:
+            logging.enable_progress_bar()
     model.to(torch.float32)
     tokenizer.save_pretrained(str(out_dir))
     generation = {

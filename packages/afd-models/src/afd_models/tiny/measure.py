@@ -1,12 +1,14 @@
 """Measure how sharp a tiny model's greedy decisions are, with Hugging Face on CPU.
 
-Three numbers per model, all on :data:`~afd_models.tiny.specs.PROMPTS`:
+All on :data:`~afd_models.tiny.specs.PROMPTS`; a *gap* is the logit of the greedy token
+minus the best other logit (the top-1/top-2 logprob gap), teacher-forced on the fp32
+greedy tokens:
 
-* the smallest top-1 minus top-2 logit gap of the fp32 greedy run (nats);
-* the largest amount by which bf16 compute shrinks or grows such a gap, on the same
-  tokens (teacher-forced): the rounding noise a gap has to beat;
-* the share of greedy tokens that change when every MLP/MoE output is zeroed: proof that
-  the tokens depend on the FFN role, so a broken exchange cannot go unnoticed.
+* the smallest gap of the fp32 greedy run (nats);
+* the largest change of a gap under bf16 compute: the rounding noise a gap has to beat;
+* the mean change of a gap when every MLP/MoE output is zeroed: how visible the FFN role
+  is in the logprobs, so that a broken exchange cannot go unnoticed;
+* the share of greedy tokens that change when every MLP/MoE output is zeroed.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from afd_models.tiny.specs import MIN_GAP_NATS, MIN_MARGIN_RATIO
+from afd_models.tiny.specs import MIN_FFN_EFFECT_RATIO, MIN_GAP_NATS, MIN_MARGIN_RATIO
 
 if TYPE_CHECKING:
     import torch
@@ -30,7 +32,8 @@ class Margin:
 
     min_gap_nats: float
     max_bf16_shift_nats: float
-    ffn_sensitivity: float
+    mean_ffn_shift_nats: float
+    ffn_token_share: float
     distinct_tokens: int
     continuations: tuple[tuple[int, ...], ...]
 
@@ -46,8 +49,11 @@ class Margin:
             found.append(f"min top-1/top-2 gap {self.min_gap_nats:.3f} < {MIN_GAP_NATS} nats")
         if self.margin_ratio < MIN_MARGIN_RATIO:
             found.append(f"gap / bf16 shift {self.margin_ratio:.1f} < {MIN_MARGIN_RATIO}")
-        if self.ffn_sensitivity == 0.0:
-            found.append("zeroing the FFN outputs changes no greedy token")
+        if self.mean_ffn_shift_nats < MIN_FFN_EFFECT_RATIO * self.max_bf16_shift_nats:
+            found.append(
+                f"mean gap change without FFN {self.mean_ffn_shift_nats:.3f} < "
+                f"{MIN_FFN_EFFECT_RATIO} x bf16 shift"
+            )
         return found
 
 
@@ -58,10 +64,10 @@ def measure(model: torch.nn.Module, prompts: Sequence[Sequence[int]], num_tokens
     model.eval()
     with torch.inference_mode():
         continuations = [_greedy(model, p, num_tokens) for p in prompts]
-        gaps32 = torch.cat([_gaps(model, p, c) for p, c in zip(prompts, continuations)])
+        gaps32 = _all_gaps(model, prompts, continuations)
         model.to(torch.bfloat16)
         try:
-            gaps16 = torch.cat([_gaps(model, p, c) for p, c in zip(prompts, continuations)])
+            gaps16 = _all_gaps(model, prompts, continuations)
         finally:
             model.to(torch.float32)
         hooks = [
@@ -69,15 +75,18 @@ def measure(model: torch.nn.Module, prompts: Sequence[Sequence[int]], num_tokens
             for layer in model.model.layers
         ]
         try:
+            gaps_no_ffn = _all_gaps(model, prompts, continuations)
             ablated = [_greedy(model, p, num_tokens) for p in prompts]
         finally:
             for hook in hooks:
                 hook.remove()
-    changed = sum(a != b for c, d in zip(continuations, ablated) for a, b in zip(c, d))
+    pairs = zip(continuations, ablated, strict=True)
+    changed = sum(a != b for c, d in pairs for a, b in zip(c, d, strict=True))
     return Margin(
         min_gap_nats=float(gaps32.min()),
         max_bf16_shift_nats=float((gaps32 - gaps16).abs().max()),
-        ffn_sensitivity=changed / (len(prompts) * num_tokens),
+        mean_ffn_shift_nats=float((gaps32 - gaps_no_ffn).abs().mean()),
+        ffn_token_share=changed / (len(prompts) * num_tokens),
         distinct_tokens=len({t for c in continuations for t in c}),
         continuations=tuple(tuple(c) for c in continuations),
     )
@@ -86,14 +95,28 @@ def measure(model: torch.nn.Module, prompts: Sequence[Sequence[int]], num_tokens
 def _greedy(model: torch.nn.Module, prompt: Sequence[int], num_tokens: int) -> list[int]:
     import torch
 
-    seq = list(prompt)
-    for _ in range(num_tokens):
-        logits = model(torch.tensor([seq])).logits[0, -1]
-        seq.append(int(logits.argmax()))
-    return seq[len(prompt) :]
+    out = model(torch.tensor([list(prompt)]), use_cache=True)
+    tokens = [int(out.logits[0, -1].argmax())]
+    while len(tokens) < num_tokens:
+        out = model(
+            torch.tensor([tokens[-1:]]), past_key_values=out.past_key_values, use_cache=True
+        )
+        tokens.append(int(out.logits[0, -1].argmax()))
+    return tokens
 
 
-def _gaps(model: torch.nn.Module, prompt: Sequence[int], continuation: Sequence[int]):
+def _all_gaps(
+    model: torch.nn.Module, prompts: Sequence[Sequence[int]], continuations: list[list[int]]
+) -> torch.Tensor:
+    import torch
+
+    pairs = zip(prompts, continuations, strict=True)
+    return torch.cat([_gaps(model, p, c) for p, c in pairs])
+
+
+def _gaps(
+    model: torch.nn.Module, prompt: Sequence[int], continuation: Sequence[int]
+) -> torch.Tensor:
     """Logit of each continuation token minus the best other logit, teacher-forced."""
     import torch
 

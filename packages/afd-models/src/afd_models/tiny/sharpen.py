@@ -6,9 +6,11 @@ the rounding noise of bf16 compute by the same factor. Instead the lm_head is bu
 the input embeddings: the row of token ``successor[x]`` is the unit embedding of ``x``
 times ``lm_head_scale``. The final hidden state is dominated by the current token's
 embedding, and random 128-dimensional embeddings are nearly orthogonal, so one token wins
-by a wide margin; the attention and FFN outputs move the hidden state, and with the
-expert/MLP ``down_proj`` scaled by ``ffn_output_scale`` they change a good share of the
-greedy tokens (``measure`` checks both).
+by a wide margin (the embeddings are scaled by ``embedding_scale`` to keep it so). The
+attention and FFN outputs still move the hidden state: with the expert/MLP ``down_proj``
+scaled by ``ffn_output_scale`` they change the logprobs by about a nat or more, far above
+bf16 rounding noise, while the greedy tokens follow the successor map of the last token
+(``measure`` checks all of this).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def sharpen(model: torch.nn.Module, spec: TinyModelSpec, regular_ids: list[int],
     ids = torch.tensor(regular_ids)
     successor = ids[torch.randperm(len(ids), generator=generator)]
     with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(spec.embedding_scale)
         embeddings = model.get_input_embeddings().weight[ids]
         rows = embeddings / embeddings.norm(dim=1, keepdim=True)
         lm_head = model.get_output_embeddings().weight

@@ -43,6 +43,9 @@ MIN_GAP_NATS = 1.0
 # bf16 compute: scaling the lm_head alone raises gaps and rounding noise alike, so the
 # ratio is what tells that bf16 rounding cannot flip a greedy token.
 MIN_MARGIN_RATIO = 4.0
+# Smallest accepted ratio of the mean change of a gap when the FFN outputs are zeroed to
+# that bf16 shift: the FFN role must show in the logprobs well above rounding noise.
+MIN_FFN_EFFECT_RATIO = 4.0
 # Weight seeds tried per model (seed, seed + 1, ...) before generation gives up.
 MAX_ATTEMPTS = 4
 
@@ -54,8 +57,10 @@ class TinyModelSpec:
     ``config``: the Hugging Face config keywords that define the shape (token ids, vocab
     size and rope are added by :meth:`hf_config_kwargs`). ``lm_head_scale``: the norm of
     every lm_head row (the logit of the predicted token is about ``lm_head_scale *
-    sqrt(hidden_size)``). ``ffn_output_scale``: factor on every MLP/expert ``down_proj``,
-    so the FFN output moves the residual stream enough to change greedy tokens.
+    sqrt(hidden_size)``). ``embedding_scale``: factor on the input embeddings, so the
+    current token dominates the residual stream and greedy decisions stay clear.
+    ``ffn_output_scale``: factor on every MLP/expert ``down_proj``, so the FFN output
+    still moves the logits well above rounding noise.
     """
 
     name: str
@@ -63,6 +68,7 @@ class TinyModelSpec:
     config_class: str
     config: Mapping[str, Any]
     lm_head_scale: float
+    embedding_scale: float
     ffn_output_scale: float
 
     @property
@@ -101,7 +107,7 @@ class TinyModelSpec:
                 problems.append("hidden_size must equal num_attention_heads * head_dim")
             if cfg["num_attention_heads"] % cfg["num_key_value_heads"]:
                 problems.append("num_attention_heads must be a multiple of num_key_value_heads")
-        if VOCAB_SIZE < tokenizer_size:
+        if tokenizer_size > VOCAB_SIZE:
             problems.append(
                 f"vocab_size {VOCAB_SIZE} is smaller than the tokenizer ({tokenizer_size} "
                 "tokens); raise VOCAB_SIZE"
@@ -149,7 +155,8 @@ QWEN3_MOE = TinyModelSpec(
         }
     ),
     lm_head_scale=3.0,
-    ffn_output_scale=4.0,
+    embedding_scale=3.0,
+    ffn_output_scale=6.0,
 )
 
 DEEPSEEK_V2 = TinyModelSpec(
@@ -181,6 +188,7 @@ DEEPSEEK_V2 = TinyModelSpec(
         }
     ),
     lm_head_scale=3.0,
+    embedding_scale=6.0,
     ffn_output_scale=4.0,
 )
 

@@ -14,7 +14,7 @@ from afd_models.tiny.specs import EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, VOCAB_SI
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
-_WORDS = (
+_VOCABULARY = (
     "attention ffn expert router gate token hidden state layer decoder residual norm "
     "rank world stage step prefill decode batch cache block scheduler sampler logits "
     "send receive connector gloo nccl tensor shape dtype server client request reply "
@@ -22,7 +22,7 @@ _WORDS = (
     "hello world paris france capital city river mountain north south east west "
     "one two three four five six seven eight nine ten hundred every each some many "
     "quick brown fox jumps over lazy dog red green blue small large fast slow"
-).split()
+)
 
 # A minimal ChatML-style template so the chat endpoint works too.
 CHAT_TEMPLATE = (
@@ -36,9 +36,9 @@ CHAT_TEMPLATE = (
 def training_text(seed: int) -> list[str]:
     """Deterministic English-like lines (and some digits) to train the BPE merges on."""
     rng = random.Random(seed)
+    words = _VOCABULARY.split()
     lines = [
-        " ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 15))) + "."
-        for _ in range(3000)
+        " ".join(rng.choice(words) for _ in range(rng.randint(4, 15))) + "." for _ in range(3000)
     ]
     lines += [f"Step {i} sent {i * 7} tokens to rank {i % 4}, didn't it?" for i in range(200)]
     return lines
@@ -70,4 +70,3 @@ def build_tokenizer(seed: int) -> PreTrainedTokenizerFast:
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
-

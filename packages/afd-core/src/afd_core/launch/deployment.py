@@ -1,0 +1,260 @@
+"""A local AFD deployment: F FFN servers and A attention servers of one model.
+
+Each attention rank is its own vLLM server (data-parallel size 1) with ``role_rank`` set
+to its rank; so is each FFN rank. Both roles start concurrently: each blocks in the
+connector's rendezvous until its peers exist, so the order (``ffn_first``) only says who
+starts first and ``stagger_s`` how long the other waits. Clients talk to the attention
+servers (:attr:`LocalDeployment.endpoints`); the FFN servers run with
+``VLLM_SERVER_DEV_MODE=1`` so their counters are readable through ``/collective_rpc``.
+"""
+
+from __future__ import annotations
+
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from afd_core.config import parse_afd_config
+from afd_core.launch.server import DEFAULT_STOP_GRACE_S, ServerError, ServerSpec, VllmServer
+from afd_core.topology import Role
+
+DEFAULT_CONNECTOR = "P2pGlooAFDConnector"
+DEFAULT_START_TIMEOUT_S = 180.0
+_PROGRESS_EVERY_S = 15.0
+
+
+@dataclass(frozen=True)
+class DeploymentSpec:
+    """What to launch.
+
+    ``attention_port``: API port of attention server 0 (server ``a`` gets
+    ``attention_port + a``); None picks free ports, as for the FFN servers and the
+    connector's rendezvous port (``connector_port``). ``extra_args`` go to every server's
+    vLLM command line.
+    """
+
+    model: Path
+    num_attention_ranks: int = 1
+    num_ffn_ranks: int = 1
+    connector: str = DEFAULT_CONNECTOR
+    compute_gate_on_attention: bool = False
+    enforce_eager: bool = True
+    ffn_first: bool = True
+    stagger_s: float = 0.0
+    host: str = "127.0.0.1"
+    attention_port: int | None = None
+    connector_port: int | None = None
+    served_model_name: str | None = None
+    extra_args: tuple[str, ...] = ()
+    start_timeout_s: float = DEFAULT_START_TIMEOUT_S
+
+    def afd_settings(self, role: Role, role_rank: int, connector_port: int) -> dict[str, Any]:
+        """The ``additional_config["afd"]`` of rank ``role_rank`` of ``role``."""
+        return {
+            "role": role,
+            "connector": self.connector,
+            "host": self.host,
+            "port": connector_port,
+            "num_attention_ranks": self.num_attention_ranks,
+            "num_ffn_ranks": self.num_ffn_ranks,
+            "role_rank": role_rank,
+            "compute_gate_on_attention": self.compute_gate_on_attention,
+        }
+
+    def server_specs(
+        self, connector_port: int, attention_ports: list[int], ffn_ports: list[int]
+    ) -> list[ServerSpec]:
+        """Every server of the deployment, FFN ranks first; validates each AFD config.
+
+        Raises AFDConfigError (or AFDInstallError for a connector that cannot load)
+        before anything starts.
+        """
+        ports = {"ffn": ffn_ports, "attention": attention_ports}
+        specs = []
+        for role in ("ffn", "attention"):
+            for rank in range(len(ports[role])):
+                settings = self.afd_settings(role, rank, connector_port)
+                parse_afd_config(settings)
+                specs.append(
+                    ServerSpec(
+                        name=f"{role}-{rank}",
+                        model=self.model,
+                        port=ports[role][rank],
+                        host=self.host,
+                        served_model_name=self.served_model_name,
+                        enforce_eager=self.enforce_eager,
+                        additional_config={"afd": settings},
+                        dev_mode=role == "ffn",
+                        extra_args=self.extra_args,
+                    )
+                )
+        return specs
+
+
+class LocalDeployment:
+    """Runs a :class:`DeploymentSpec` on this machine; see the module docstring.
+
+    ``work_dir`` (default: a new temporary directory, kept for its logs) receives one log
+    per server; ``cache_root`` (default ``work_dir/vllm-cache``) is shared by all
+    servers. ``progress`` receives one line per event (default: print). Use as a context
+    manager: ``with LocalDeployment(spec) as d: ... d.endpoint ...``.
+    """
+
+    def __init__(
+        self,
+        spec: DeploymentSpec,
+        work_dir: Path | None = None,
+        cache_root: Path | None = None,
+        progress: Callable[[str], None] = print,
+    ) -> None:
+        self.spec = spec
+        self.work_dir = Path(work_dir or tempfile.mkdtemp(prefix="afd-launch-"))
+        self.cache_root = cache_root
+        self.progress = progress
+        self.servers: list[VllmServer] = []
+
+    @property
+    def attention_servers(self) -> list[VllmServer]:
+        """The attention servers, by rank."""
+        return [s for s in self.servers if s.spec.name.startswith("attention-")]
+
+    @property
+    def ffn_servers(self) -> list[VllmServer]:
+        """The FFN servers, by rank."""
+        return [s for s in self.servers if s.spec.name.startswith("ffn-")]
+
+    @property
+    def endpoints(self) -> list[str]:
+        """Base URLs of the attention servers (where requests go), by rank."""
+        return [s.url for s in self.attention_servers]
+
+    @property
+    def endpoint(self) -> str:
+        """Base URL of attention server 0."""
+        if not self.servers:
+            raise ServerError("AFD deployment: not started; call start() first")
+        return self.endpoints[0]
+
+    @property
+    def model_name(self) -> str:
+        """The model name clients send."""
+        return self.attention_servers[0].spec.model_name
+
+    def start(self) -> float:
+        """Start every server and wait until all are healthy; return the seconds taken.
+
+        On any failure (invalid config, a server exiting, the deadline of
+        ``spec.start_timeout_s`` passing, Ctrl-C) everything started so far is stopped
+        and the error propagates.
+        """
+        if self.servers:
+            raise ServerError("AFD deployment: already started")
+        spec = self.spec
+        begin = time.monotonic()
+        deadline = begin + spec.start_timeout_s
+        connector_port, *ports = free_ports(1 + spec.num_attention_ranks + spec.num_ffn_ranks)
+        if spec.connector_port is not None:
+            connector_port = spec.connector_port
+        ffn_ports = ports[: spec.num_ffn_ranks]
+        attention_ports = ports[spec.num_ffn_ranks :]
+        if spec.attention_port is not None:
+            attention_ports = [spec.attention_port + a for a in range(spec.num_attention_ranks)]
+        specs = spec.server_specs(connector_port, attention_ports, ffn_ports)
+        self.servers = [VllmServer(s, self.work_dir, self.cache_root) for s in specs]
+        first, second = (
+            (self.ffn_servers, self.attention_servers)
+            if spec.ffn_first
+            else (self.attention_servers, self.ffn_servers)
+        )
+        self.progress(
+            f"AFD deployment of {spec.model}: {spec.num_attention_ranks} attention + "
+            f"{spec.num_ffn_ranks} FFN server(s), connector {spec.connector} on port "
+            f"{connector_port}, logs in {self.work_dir}"
+        )
+        try:
+            self._start_all(first)
+            stagger_end = time.monotonic() + spec.stagger_s
+            while time.monotonic() < stagger_end:
+                for server in first:
+                    server.check_alive()
+                time.sleep(0.2)
+            self._start_all(second)
+            self._wait_all_healthy(deadline)
+        except BaseException:
+            self.stop()
+            raise
+        took = time.monotonic() - begin
+        self.progress(f"AFD deployment ready in {took:.1f} s; endpoint {self.endpoint}")
+        return took
+
+    def stop(self, grace_s: float = DEFAULT_STOP_GRACE_S) -> list[int]:
+        """Stop every server (all at once, any order); return leftover pids (normally none).
+
+        Idempotent. SIGTERM goes to every server first, so no server waits for a peer that
+        is already gone.
+        """
+        for server in self.servers:
+            server.terminate()
+        for server in self.servers:
+            server.stop(grace_s)
+        return sorted(pid for s in self.servers for pid in s.leftover_pids())
+
+    def ffn_stats(self) -> list[dict[str, Any]]:
+        """``afd_stats`` of every FFN server's workers, FFN rank order (one dict each)."""
+        return [stats for s in self.ffn_servers for stats in s.collective_rpc("afd_stats")]
+
+    def __enter__(self) -> LocalDeployment:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _start_all(self, servers: list[VllmServer]) -> None:
+        for server in servers:
+            server.start()
+            self.progress(
+                f"  started {server.spec.name} (pid {server.pid}) on {server.url}, "
+                f"log {server.log_path}"
+            )
+
+    def _wait_all_healthy(self, deadline: float) -> None:
+        pending = list(self.servers)
+        next_report = time.monotonic() + _PROGRESS_EVERY_S
+        while pending:
+            for server in list(pending):
+                if server.is_healthy():
+                    pending.remove(server)
+                    self.progress(
+                        f"  {server.spec.name} healthy after {server.seconds_since_start():.1f} s"
+                    )
+            now = time.monotonic()
+            if pending and now > deadline:
+                late = pending[0]
+                raise ServerError(
+                    f"AFD deployment: {', '.join(s.spec.name for s in pending)} not healthy "
+                    f"{self.spec.start_timeout_s:.0f} s after start; last lines of "
+                    f"{late.log_path}:\n{late.log_tail()}"
+                )
+            if pending and now > next_report:
+                waiting = ", ".join(
+                    f"{s.spec.name} ({s.seconds_since_start():.0f} s)" for s in pending
+                )
+                self.progress(f"  waiting for {waiting}")
+                next_report = now + _PROGRESS_EVERY_S
+            if pending:
+                time.sleep(0.5)
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct TCP ports that are free on ``host`` right now."""
+    with ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in sockets]

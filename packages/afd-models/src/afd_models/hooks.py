@@ -1,0 +1,25 @@
+"""afd-models' hook implementations (entry point ``afd_models`` in the ``afd`` group).
+
+Importable without torch or vLLM: specs name their classes lazily.
+"""
+
+from __future__ import annotations
+
+from afd_core.hookspecs import hookimpl
+from afd_core.specs import ModelSpec
+
+MODEL_SPECS: tuple[ModelSpec, ...] = (
+    ModelSpec("Qwen3MoeForCausalLM", "afd_models.qwen3_moe:AFDQwen3MoeForCausalLM"),
+    ModelSpec("DeepseekV2ForCausalLM", "afd_models.deepseek_v2:AFDDeepseekV2ForCausalLM"),
+    ModelSpec("DeepseekV3ForCausalLM", "afd_models.deepseek_v2:AFDDeepseekV3ForCausalLM"),
+)
+
+
+@hookimpl
+def afd_models() -> list[ModelSpec]:
+    """The role-aware wrappers, under the stock architecture names they replace.
+
+    Each wrapper behaves exactly like the stock vLLM class when
+    ``additional_config["afd"]`` is absent.
+    """
+    return list(MODEL_SPECS)

@@ -1,0 +1,439 @@
+"""P2pGlooAFDConnector between real processes over real gloo.
+
+The FFN ranks apply a known function (``hidden * 2 + layer``, plus the row sum of the
+router logits when the gate runs on attention); the attention ranks check every result
+exactly. Every test runs its ranks with a hard timeout and kills them at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from afd_core.config import AFDConfig
+from afd_core.connector import WireSpec
+from afd_core.connectors.gloo import P2pGlooAFDConnector
+from afd_core.connectors.p2p_wire import a2f_header
+from afd_core.metadata import AFDDPMetadata, ControlPayload
+
+LAYERS = 3
+WIRE = WireSpec(hidden_size=16, dtype="float32", num_exchange_layers=LAYERS)
+GATE_WIRE = WireSpec(
+    hidden_size=32, dtype="bfloat16", num_exchange_layers=LAYERS, router_logits_width=8
+)
+
+
+def config(
+    role: str, port: int, a: int, f: int, timeout_s: int = 20, gate: bool = False
+) -> AFDConfig:
+    return AFDConfig(
+        role=role,
+        connector="P2pGlooAFDConnector",
+        port=port,
+        num_attention_ranks=a,
+        num_ffn_ranks=f,
+        afd_process_group_timeout_s=timeout_s,
+        compute_gate_on_attention=gate,
+    )
+
+
+def connect(
+    role: str, rank: int, port: int, a: int, f: int, wire: WireSpec = WIRE, timeout_s: int = 20
+) -> P2pGlooAFDConnector:
+    cfg = config(role, port, a, f, timeout_s, gate=bool(wire.router_logits_width))
+    conn = P2pGlooAFDConnector(cfg, rank, wire)
+    conn.initialize()
+    return conn
+
+
+def ffn_function(hidden: torch.Tensor, layer: int, logits: torch.Tensor | None) -> torch.Tensor:
+    out = hidden * 2 + layer
+    if logits is not None:
+        out = out + logits.float().sum(-1, keepdim=True).to(out.dtype)
+    return out
+
+
+def payload(rank: int, step: int, counts: tuple[int, ...]) -> ControlPayload:
+    return ControlPayload(step, rank, tuple(AFDDPMetadata(rank, (n,)) for n in counts))
+
+
+def attention_inputs(
+    rank: int, step: int, layer: int, stage: int, n: int, wire: WireSpec
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    gen = torch.Generator().manual_seed(hash((rank, step, layer, stage)) % 2**31)
+    hidden = torch.randint(-50, 50, (n, wire.hidden_size), generator=gen).to(
+        getattr(torch, wire.dtype)
+    )
+    logits = None
+    if wire.router_logits_width:
+        logits = torch.randint(-4, 4, (n, wire.router_logits_width), generator=gen).float()
+    return hidden, logits
+
+
+# Rank programs (run in child processes) ----------------------------------------------
+
+
+class Sync:
+    """Cross-process signals of one FFN rank: its block's first payloads sent; done."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.first_sent = ctx.Semaphore(0)
+        self.done = ctx.Event()
+
+
+def run_ffn(
+    port: int,
+    a: int,
+    f: int,
+    rank: int,
+    payloads: int,
+    wire: WireSpec = WIRE,
+    sync: Sync | None = None,
+) -> list[tuple[int, ...]]:
+    """Serve ``payloads`` control payloads; return the attention ranks of each step."""
+    conn = connect("ffn", rank, port, a, f, wire)
+    if sync is not None:  # let every rank of the block queue its first payload
+        for _ in conn.topology.block_of(rank):
+            assert sync.first_sent.acquire(timeout=20)
+        time.sleep(0.2)
+    steps = []
+    try:
+        while payloads > 0:
+            step = conn.control_plane.recv_step()
+            assert step is not None
+            for layer in range(wire.num_exchange_layers):
+                for stage in range(step.num_stages):
+                    batch = conn.recv_hidden(step, layer, stage)
+                    assert batch.hidden.shape[0] == sum(batch.splits)
+                    conn.send_output(batch, ffn_function(batch.hidden, layer, batch.router_logits))
+            steps.append(step.attention_ranks)
+            payloads -= len(step.attention_ranks)
+    finally:
+        if sync is not None:
+            sync.done.set()
+        conn.close()
+    return steps
+
+
+def run_attention(
+    port: int,
+    a: int,
+    f: int,
+    rank: int,
+    counts: list[tuple[int, ...]],
+    wire: WireSpec = WIRE,
+    syncs: list[Sync] | None = None,
+    timeout_s: int = 20,
+) -> int:
+    """Run one step per entry of ``counts`` (token counts per stage); check every result.
+
+    With ``syncs`` (one per FFN rank), closes only once every FFN rank is done: an FFN
+    rank stops serving when an attention rank of its block leaves.
+    """
+    conn = connect("attention", rank, port, a, f, wire, timeout_s)
+    first_step = 100
+    checked = 0
+    try:
+        for i, stage_counts in enumerate(counts):
+            step = first_step + i
+            conn.control_plane.send_step(payload(rank, step, stage_counts))
+            if syncs is not None and i == 0:
+                syncs[conn.topology.ffn_rank_of(rank)].first_sent.release()
+            for layer in range(wire.num_exchange_layers):
+                for stage, n in enumerate(stage_counts):
+                    hidden, logits = attention_inputs(rank, step, layer, stage, n, wire)
+                    header = a2f_header(step, layer, stage, n, rank, wire)
+                    conn.send_hidden(header, hidden, logits)
+                    out = conn.recv_output(header, torch.empty_like(hidden))
+                    expected = ffn_function(hidden, layer, logits)
+                    assert torch.equal(out, expected), (rank, step, layer, stage)
+                    checked += n
+        for sync in syncs or ():
+            assert sync.done.wait(20), "an FFN rank did not finish"
+    finally:
+        conn.close()
+    return checked
+
+
+# Tests ---------------------------------------------------------------------------------
+
+TOPOLOGIES = {
+    "1A1F": (1, 1, {0: [(3,), (1,), (7,), (2,)]}),
+    "2A1F": (2, 1, {0: [(4,), (1,), (2,), (1,)], 1: [(2,), (5,), (1,), (1,)]}),
+    "3A2F": (
+        3,
+        2,
+        {0: [(3,), (0,), (2,), (1,)], 1: [(0,), (4,), (1,), (6,)], 2: [(5,), (1,), (0,), (2,)]},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TOPOLOGIES))
+def test_round_trips_are_exact_and_blocks_are_served_as_one_batch(ranks, port, name):
+    a, f, counts = TOPOLOGIES[name]
+    from afd_core.topology import Topology
+
+    topo = Topology(a, f)
+    syncs = [Sync(ranks.context) for _ in range(f)]
+    for r in range(f):
+        ranks.start(f"ffn{r}", run_ffn, port, a, f, r, len(topo.block_of(r)) * 4, WIRE, syncs[r])
+    for r in range(a):
+        ranks.start(f"attn{r}", run_attention, port, a, f, r, counts[r], WIRE, syncs)
+    out = ranks.join(45)
+    assert all(o.ok for o in out.values()), out
+    for r in range(a):
+        assert out[f"attn{r}"].value == sum(n for c in counts[r] for n in c) * LAYERS
+    for r in range(f):
+        # Every first payload of the block was queued before the FFN looked: one batch.
+        assert out[f"ffn{r}"].value[0] == tuple(topo.block_of(r)), out[f"ffn{r}"].value
+
+
+def test_gate_on_attention_sends_router_logits_over_two_stages(ranks, port):
+    counts = [(3, 2), (1, 4), (2, 1)]
+    ranks.start("ffn", run_ffn, port, 1, 1, 0, len(counts), GATE_WIRE)
+    ranks.start("attn", run_attention, port, 1, 1, 0, counts, GATE_WIRE)
+    out = ranks.join(30)
+    assert all(o.ok for o in out.values()), out
+    assert out["attn"].value == sum(map(sum, counts)) * LAYERS
+
+
+def test_attention_may_start_before_ffn(ranks, port):
+    ranks.start("attn", run_attention, port, 1, 1, 0, [(2,), (3,)])
+    ranks.start("ffn", run_ffn, port, 1, 1, 0, 2, WIRE, delay_s=1.0)
+    out = ranks.join(30)
+    assert all(o.ok for o in out.values()), out
+
+
+def test_config_mismatch_fails_fast_on_both_sides(ranks, port):
+    # The FFN role thinks there are two attention ranks; the attention rank thinks one.
+    ranks.start("ffn", connect, "ffn", 0, port, 2, 1)
+    ranks.start("attn", connect, "attention", 0, port, 1, 1)
+    out = ranks.join(15)
+    for name in ("ffn", "attn"):
+        assert out[name].error_type == "AFDProtocolError", out[name]
+        assert "num_attention_ranks" in out[name].error
+        assert out[name].elapsed_s < 10
+    assert (
+        "this ffn rank 0 has num_attention_ranks=2, attention rank 0 (world rank 1) has 1"
+        in out["ffn"].error
+    )
+
+
+def test_missing_rank_is_reported_after_the_timeout(ranks, port):
+    # 2A1F with attention rank 1 never started; 2 s rendezvous timeout.
+    ranks.start("ffn", connect, "ffn", 0, port, 2, 1, WIRE, 2)
+    ranks.start("attn0", connect, "attention", 0, port, 2, 1, WIRE, 2)
+    out = ranks.join(20)
+    assert out["ffn"].error_type == "AFDPeerError", out["ffn"]
+    assert (
+        "AFD rendezvous: attention rank 1 (world rank 2) did not arrive within 2 s at "
+        f"127.0.0.1:{port}; start it" in out["ffn"].error
+    )
+    # Attention rank 0 gives up at its own deadline, or when the FFN rank stops the store.
+    assert out["attn0"].error_type == "AFDPeerError", out["attn0"]
+    assert out["attn0"].elapsed_s < 5
+
+
+def ffn_expecting_layer_0(port: int) -> None:
+    conn = connect("ffn", 0, port, 1, 1)
+    try:
+        step = conn.control_plane.recv_step()
+        conn.recv_hidden(step, 0, 0)
+    finally:
+        conn.close()
+
+
+def attention_sending_layer_1(port: int) -> None:
+    conn = connect("attention", 0, port, 1, 1)
+    try:
+        conn.control_plane.send_step(payload(0, 5, (2,)))
+        header = a2f_header(5, 1, 0, 2, 0, WIRE)
+        hidden = torch.ones(2, WIRE.hidden_size)
+        conn.send_hidden(header, hidden)
+        conn.recv_output(header, torch.empty_like(hidden))
+    finally:
+        conn.close()
+
+
+def test_mispaired_layer_is_a_protocol_error_naming_both_views(ranks, port):
+    ranks.start("ffn", ffn_expecting_layer_0, port)
+    ranks.start("attn", attention_sending_layer_1, port)
+    out = ranks.join(30)
+    assert out["ffn"].error_type == "AFDProtocolError", out["ffn"]
+    assert "layer: received 1, expected 0" in out["ffn"].error
+    assert "attention rank 0 (world rank 1)" in out["ffn"].error
+    # The FFN rank closed, so the waiting attention rank learns it at once.
+    assert out["attn"].error_type == "AFDPeerError", out["attn"]
+    assert (
+        "FFN rank 0 (world rank 0) closed the connection during layer 1 of step 5"
+        in out["attn"].error
+    )
+
+
+def ffn_dying_at_layer_1(port: int) -> None:
+    conn = connect("ffn", 0, port, 1, 1)
+    step = conn.control_plane.recv_step()
+    batch = conn.recv_hidden(step, 0, 0)
+    conn.send_output(batch, ffn_function(batch.hidden, 0, None))
+    conn.recv_hidden(step, 1, 0)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_ffn_killed_mid_step_gives_peer_error_without_hanging(ranks, port):
+    ranks.start("ffn", ffn_dying_at_layer_1, port)
+    ranks.start("attn", run_attention, port, 1, 1, 0, [(2,)])
+    out = ranks.join(30)
+    assert out["ffn"].exitcode == -signal.SIGKILL
+    assert out["attn"].error_type == "AFDPeerError", out["attn"]
+    assert (
+        "FFN rank 0 (world rank 0) closed the connection during layer 1 of step 100"
+        in out["attn"].error
+    )
+    assert out["attn"].elapsed_s < 10
+
+
+def ffn_closed_by_another_thread(port: int) -> float:
+    conn = connect("ffn", 0, port, 1, 1)
+    closed_at = []
+
+    def close_later() -> None:
+        time.sleep(0.5)
+        closed_at.append(time.monotonic())
+        conn.close()
+
+    threading.Thread(target=close_later).start()
+    assert conn.control_plane.recv_step() is None
+    return time.monotonic() - closed_at[0]
+
+
+def idle_attention(port: int) -> None:
+    conn = connect("attention", 0, port, 1, 1)
+    time.sleep(2)
+    conn.close()
+
+
+def test_close_from_another_thread_wakes_recv_step(ranks, port):
+    ranks.start("ffn", ffn_closed_by_another_thread, port)
+    ranks.start("attn", idle_attention, port)
+    out = ranks.join(30)
+    assert out["ffn"].ok, out["ffn"]
+    assert out["ffn"].value < 1.0
+
+
+def silent_ffn(port: int, release: Any) -> str:
+    """Takes one layer from the attention rank, never answers, then sees it leave."""
+    conn = connect("ffn", 0, port, 1, 1)
+    try:
+        step = conn.control_plane.recv_step()
+        conn.recv_hidden(step, 0, 0)
+        assert release.wait(20)
+        try:
+            conn.control_plane.recv_step()
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return "no error"
+    finally:
+        conn.close()
+
+
+def attention_closed_while_waiting(port: int, release: Any) -> tuple[str, float]:
+    conn = connect("attention", 0, port, 1, 1)
+    closed_at = []
+
+    def close_later() -> None:
+        time.sleep(0.5)
+        closed_at.append(time.monotonic())
+        conn.close()
+
+    conn.control_plane.send_step(payload(0, 0, (2,)))
+    header = a2f_header(0, 0, 0, 2, 0, WIRE)
+    conn.send_hidden(header, torch.zeros(2, WIRE.hidden_size))
+    threading.Thread(target=close_later).start()
+    try:
+        conn.recv_output(header, torch.empty(2, WIRE.hidden_size))
+    except Exception as exc:
+        release.set()
+        return type(exc).__name__, time.monotonic() - closed_at[0]
+    return "no error", 0.0
+
+
+def test_close_wakes_recv_output_and_the_ffn_learns_the_attention_rank_left(ranks, port):
+    release = ranks.context.Event()
+    ranks.start("ffn", silent_ffn, port, release)
+    ranks.start("attn", attention_closed_while_waiting, port, release)
+    out = ranks.join(30)
+    assert out["attn"].ok, out["attn"]
+    error_type, woke_after = out["attn"].value
+    assert error_type == "AFDShutdown"
+    assert woke_after < 1.0
+    assert out["ffn"].value.startswith(
+        "AFDPeerError: AFD: attention rank 0 (world rank 1) closed the connection"
+    ), out["ffn"].value
+
+
+def stalled_ffn(port: int) -> None:
+    conn = connect("ffn", 0, port, 1, 1)
+    try:
+        step = conn.control_plane.recv_step()
+        conn.recv_hidden(step, 0, 0)
+        time.sleep(5)
+    finally:
+        conn.close()
+
+
+def test_a_stalled_peer_is_reported_after_the_timeout(ranks, port):
+    ranks.start("ffn", stalled_ffn, port)
+    ranks.start("attn", run_attention, port, 1, 1, 0, [(2,)], WIRE, None, 2)
+    out = ranks.join(30)
+    assert out["attn"].error_type == "AFDPeerError", out["attn"]
+    assert (
+        "FFN rank 0 (world rank 0) did not answer within 2 s (layer 0 of step 100)"
+        in out["attn"].error
+    )
+    assert out["attn"].elapsed_s < 6
+
+
+def close_during_initialize(role: str, port: int) -> tuple[str, float, bool]:
+    """Start initialize() with no peer, close from another thread; report what happened."""
+    conn = P2pGlooAFDConnector(config(role, port, 1, 1), 0, WIRE)
+    outcome: list[str] = []
+
+    def initialize() -> None:
+        try:
+            conn.initialize()
+            outcome.append("no error")
+        except Exception as exc:
+            outcome.append(type(exc).__name__)
+
+    thread = threading.Thread(target=initialize)
+    thread.start()
+    time.sleep(0.5)
+    closed_at = time.monotonic()
+    conn.close()
+    thread.join(10)
+    took = time.monotonic() - closed_at
+    with socket.socket() as sock:  # FFN rank 0 no longer holds the store's port
+        try:
+            sock.bind(("127.0.0.1", port))
+            port_free = True
+        except OSError:
+            port_free = False
+    return outcome[0] if outcome else "still waiting", took, port_free
+
+
+@pytest.mark.parametrize("role", ["ffn", "attention"])
+def test_close_during_initialize_stops_the_rendezvous(ranks, port, role):
+    ranks.start(role, close_during_initialize, role, port)
+    out = ranks.join(20)
+    assert out[role].ok, out[role]
+    error_type, took, port_free = out[role].value
+    assert error_type == "AFDShutdown"
+    assert took < 1.5
+    assert port_free

@@ -1,0 +1,140 @@
+"""The Connector life cycle, on a minimal subclass and on P2pGlooAFDConnector (no torch).
+
+Nothing here opens a connection: ``__init__`` must create no resources, and ``close()``
+must be safe before ``initialize()``.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from afd_core.config import AFDConfig
+from afd_core.connector import Connector, ControlPlane, WireSpec
+from afd_core.connectors.gloo import P2pGlooAFDConnector
+from afd_core.errors import AFDConfigError, AFDShutdown
+
+WIRE = WireSpec(hidden_size=8, dtype="float32", num_exchange_layers=2)
+
+
+def config(role: str = "attention", **kw) -> AFDConfig:
+    return AFDConfig(role=role, connector="P2pGlooAFDConnector", **kw)
+
+
+class RecordingConnector(Connector):
+    """The smallest complete connector: records life-cycle calls."""
+
+    name = "RecordingConnector"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[str] = []
+
+    def _initialize(self) -> None:
+        self.calls.append("initialize")
+
+    def _close(self) -> None:
+        self.calls.append("close")
+
+    @property
+    def control_plane(self) -> ControlPlane:
+        raise NotImplementedError
+
+    def send_hidden(self, header, hidden, router_logits=None) -> None:
+        raise NotImplementedError
+
+    def recv_output(self, header, out):
+        raise NotImplementedError
+
+    def recv_hidden(self, step, layer, stage):
+        raise NotImplementedError
+
+    def send_output(self, batch, output) -> None:
+        raise NotImplementedError
+
+
+def test_close_before_initialize_is_safe_and_idempotent():
+    conn = RecordingConnector(config(), 0, WIRE)
+    assert not conn.is_closed and not conn.is_initialized
+    conn.close()
+    conn.close()
+    assert conn.is_closed and not conn.is_initialized
+    assert conn.calls == ["close", "close"]
+
+
+def test_initialize_runs_once_and_close_undoes_it():
+    conn = RecordingConnector(config(), 0, WIRE)
+    conn.initialize()
+    conn.initialize()
+    assert conn.is_initialized and conn.calls == ["initialize"]
+    conn.close()
+    assert not conn.is_initialized
+
+
+def test_a_closed_connector_cannot_be_initialized_again():
+    conn = RecordingConnector(config(), 0, WIRE)
+    conn.close()
+    with pytest.raises(RuntimeError, match="was closed; build a new connector"):
+        conn.initialize()
+
+
+def test_world_rank_follows_the_topology():
+    assert (
+        RecordingConnector(
+            config("ffn", num_attention_ranks=3, num_ffn_ranks=2), 1, WIRE
+        ).world_rank
+        == 1
+    )
+    assert (
+        RecordingConnector(config(num_attention_ranks=3, num_ffn_ranks=2), 1, WIRE).world_rank == 3
+    )
+
+
+def test_connector_extra_config_is_rejected_when_the_connector_takes_none():
+    with pytest.raises(AFDConfigError, match=r"fields \['depth'\] but RecordingConnector"):
+        RecordingConnector(config(connector_extra_config={"depth": 2}), 0, WIRE)
+    with pytest.raises(AFDConfigError, match="P2pGlooAFDConnector takes none"):
+        P2pGlooAFDConnector(config(connector_extra_config={"depth": 2}), 0, WIRE)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("role", ["ffn", "attention"])
+def test_gloo_connector_construction_opens_nothing(role):
+    port = free_port()
+    conn = P2pGlooAFDConnector(config(role, port=port), 0, WIRE)
+    # FFN rank 0 hosts the store once initialized; constructing it must not bind the port.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+    conn.close()
+    conn.close()
+    assert conn.is_closed
+
+
+def test_gloo_connector_refuses_data_before_initialize_and_after_close():
+    conn = P2pGlooAFDConnector(config(), 0, WIRE)
+    with pytest.raises(RuntimeError, match="call initialize"):
+        conn.send_hidden(None, None)
+    with pytest.raises(RuntimeError, match="call initialize"):
+        conn.control_plane.send_step(None)
+    conn.close()
+    with pytest.raises(AFDShutdown):
+        conn.recv_output(None, None)
+    with pytest.raises(AFDShutdown):
+        conn.control_plane.send_step(None)
+
+
+def test_gloo_ffn_recv_step_returns_none_once_closed():
+    conn = P2pGlooAFDConnector(config("ffn"), 0, WIRE)
+    conn.close()
+    assert conn.control_plane.recv_step() is None
+
+
+def test_gloo_connector_rejects_a_dtype_it_cannot_send():
+    with pytest.raises(AFDConfigError, match="dtype 'float64' cannot travel on the wire"):
+        P2pGlooAFDConnector(config(), 0, WireSpec(8, "float64", 1))

@@ -1,0 +1,78 @@
+"""Hello records and how two of them are compared at rendezvous (pure Python)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from afd_core.config import AFDConfig
+from afd_core.connector import WireSpec
+from afd_core.errors import AFDProtocolError
+from afd_core.rendezvous import PROTOCOL, Hello, compare_hello
+
+WIRE = WireSpec(hidden_size=128, dtype="bfloat16", num_exchange_layers=4)
+
+
+def hello(role: str, rank: int, wire: WireSpec = WIRE, **config) -> Hello:
+    cfg = AFDConfig(role=role, connector="P2pGlooAFDConnector", **config)
+    return Hello.of(cfg, rank, wire)
+
+
+def test_hello_records_round_trip_through_json():
+    record = hello("attention", 1, num_attention_ranks=2)
+    assert Hello.decode(record.encode()) == record
+    assert record.world_rank == 2
+    assert record.protocol == PROTOCOL
+
+
+def test_an_unreadable_hello_record_is_a_protocol_error():
+    with pytest.raises(AFDProtocolError, match="install the same version on both roles"):
+        Hello.decode(b"{not json")
+    with pytest.raises(AFDProtocolError, match="unreadable hello record"):
+        Hello.decode(b'{"role": "ffn"}')
+
+
+def test_records_that_agree_compare_equal_whatever_role_and_timeout():
+    assert (
+        compare_hello(hello("ffn", 0), hello("attention", 0, afd_process_group_timeout_s=5)) is None
+    )
+
+
+def test_a_config_difference_names_the_field_and_who_has_which_value():
+    message = compare_hello(
+        hello("ffn", 0, num_attention_ranks=2), hello("attention", 0, num_attention_ranks=1)
+    )
+    assert message == (
+        "AFD rendezvous: this ffn rank 0 has num_attention_ranks=2, attention rank 0 "
+        "(world rank 1) has 1; start both roles with the same AFD config"
+    )
+
+
+def test_a_wire_difference_asks_for_the_same_model_and_dtype():
+    message = compare_hello(hello("attention", 0), hello("ffn", 0, WireSpec(256, "bfloat16", 4)))
+    assert (
+        "this attention rank 0 has wire.hidden_size=128, FFN rank 0 (world rank 0) "
+        "has 256" in message
+    )
+    assert message.endswith("serve the same model with the same dtype on both roles")
+
+
+def test_a_protocol_difference_asks_for_the_same_afd_core():
+    theirs = replace(hello("ffn", 0), protocol={**PROTOCOL, "data": 99})
+    message = compare_hello(hello("attention", 0), theirs)
+    assert "protocol.data=1, FFN rank 0 (world rank 0) has 99" in message
+    assert "install the same afd-core version on both roles" in message
+
+
+def test_every_difference_is_listed():
+    message = compare_hello(
+        hello("ffn", 0, num_attention_ranks=2, compute_gate_on_attention=True),
+        hello("attention", 0, WireSpec(128, "float16", 4)),
+    )
+    for field in (
+        "num_attention_ranks=2",
+        "compute_gate_on_attention=True",
+        "wire.dtype='bfloat16'",
+    ):
+        assert field in message
