@@ -1,16 +1,18 @@
 """Per-layer round trip of P2pGlooAFDConnector against a raw gloo ping-pong.
 
 Two processes (FFN rank 0, attention rank 0) on this host. For every token count and
-hidden size (bf16) the same run alternates blocks of
+hidden size (bf16) the same run alternates, layer by layer (so both see the same load
+from anything else on the host):
 
 * **connector**: attention ``send_hidden`` + ``recv_output``; FFN ``recv_hidden`` +
-  ``send_output`` of the unchanged hidden states (identity compute), one step of
-  ``BLOCK`` layers per block;
+  ``send_output`` of the unchanged hidden states (identity compute), in steps of
+  ``BLOCK`` layers;
 * **raw**: a ``ProcessGroupGloo`` ping-pong of the same hidden-state bytes each way
   (receive posted before the send, like the connector), on a second group between the
   same two processes.
 
-It prints the median round trip of each (µs) and their ratio. Usage::
+It prints the median and the 10th percentile round trip of each (µs) and their ratios.
+Usage::
 
     PYTHONPATH=packages/afd-core/src python benchmarks/gloo_roundtrip.py [--rounds 8]
 """
@@ -27,7 +29,7 @@ from typing import Any
 
 TOKENS = (1, 8, 64, 256)
 HIDDEN = (128, 2048)
-BLOCK = 50  # layer exchanges per timed block (one connector step)
+BLOCK = 50  # layers per connector step
 TAG_PING, TAG_PONG = 11, 12
 
 
@@ -70,11 +72,10 @@ def _ffn(conn_port: int, raw_port: int, rounds: int) -> None:
         for tokens in TOKENS:
             buf = torch.empty(tokens * hidden, dtype=torch.bfloat16)
             for _ in range(rounds + 1):  # the first round warms up
-                for _ in range(BLOCK):
-                    raw.recv([buf], 1, TAG_PING).wait()
-                    raw.send([buf], 1, TAG_PONG).wait()
                 step = conn.control_plane.recv_step()
                 for layer in range(BLOCK):
+                    raw.recv([buf], 1, TAG_PING).wait()
+                    raw.send([buf], 1, TAG_PONG).wait()
                     batch = conn.recv_hidden(step, layer, 0)
                     conn.send_output(batch, batch.hidden)
         conn.close()
@@ -90,39 +91,35 @@ def _attention(conn_port: int, raw_port: int, rounds: int, out: Any) -> None:
     torch.set_num_threads(1)
     _, raw = _raw_group(1, raw_port)
     rows = []
-    step_id = 0
     for hidden in HIDDEN:
         conn = _connector("attention", conn_port, hidden)
+        step_id = 0
         for tokens in TOKENS:
             x = torch.randn(tokens, hidden).to(torch.bfloat16)
             y = torch.empty_like(x)
             ping, pong = x.view(-1), torch.empty(tokens * hidden, dtype=torch.bfloat16)
             raw_us, conn_us = [], []
             for r in range(rounds + 1):
-                for _ in range(BLOCK):
+                payload = ControlPayload(step_id, 0, (AFDDPMetadata(0, (tokens,)),))
+                conn.control_plane.send_step(payload)
+                for layer in range(BLOCK):  # alternate, so both see the same load
                     t0 = time.perf_counter()
                     work = raw.recv([pong], 0, TAG_PONG)
                     raw.send([ping], 0, TAG_PING).wait()
                     work.wait()
-                    if r:
-                        raw_us.append((time.perf_counter() - t0) * 1e6)
-                conn.control_plane.send_step(
-                    ControlPayload(step_id, 0, (AFDDPMetadata(0, (tokens,)),))
-                )
-                for layer in range(BLOCK):
+                    t1 = time.perf_counter()
                     header = a2f_header(step_id, layer, 0, tokens, 0, conn.wire)
-                    t0 = time.perf_counter()
                     conn.send_hidden(header, x)
                     conn.recv_output(header, y)
+                    t2 = time.perf_counter()
                     if r:
-                        conn_us.append((time.perf_counter() - t0) * 1e6)
+                        raw_us.append((t1 - t0) * 1e6)
+                        conn_us.append((t2 - t1) * 1e6)
                 step_id += 1
             assert torch.equal(x, y)
-            raw_med, conn_med = statistics.median(raw_us), statistics.median(conn_us)
-            rows.append((tokens, hidden, tokens * hidden * 2, raw_med, conn_med))
+            rows.append((tokens, hidden, tokens * hidden * 2, raw_us, conn_us))
         conn.close()
         conn_port += 1
-        step_id = 0
     out.put(rows)
 
 
@@ -147,17 +144,21 @@ def main() -> None:
             if proc.is_alive():
                 proc.kill()
     print(
-        f"per-layer round trip, median of {args.rounds * BLOCK} (bf16; the connector adds "
-        "a 64-byte header each way)"
+        f"per-layer round trip in µs over {args.rounds * BLOCK} layers (bf16; the connector "
+        "adds a 64-byte header each way; p10 is less sensitive to other load on the host)"
     )
     print(
-        f"{'tokens':>6} {'hidden':>6} {'bytes/dir':>10} {'raw gloo µs':>12} "
-        f"{'connector µs':>13} {'ratio':>6}"
+        f"{'tokens':>6} {'hidden':>6} {'bytes/dir':>10} | {'raw med':>8} {'conn med':>8} "
+        f"{'ratio':>5} | {'raw p10':>8} {'conn p10':>8} {'ratio':>5}"
     )
-    for tokens, hidden, nbytes, raw_med, conn_med in rows:
+    for tokens, hidden, nbytes, raw_us, conn_us in rows:
+        raw_med, conn_med = statistics.median(raw_us), statistics.median(conn_us)
+        raw_p10 = statistics.quantiles(raw_us, n=10)[0]
+        conn_p10 = statistics.quantiles(conn_us, n=10)[0]
         print(
-            f"{tokens:>6} {hidden:>6} {nbytes:>10} {raw_med:>12.1f} {conn_med:>13.1f} "
-            f"{conn_med / raw_med:>6.2f}"
+            f"{tokens:>6} {hidden:>6} {nbytes:>10} | {raw_med:>8.1f} {conn_med:>8.1f} "
+            f"{conn_med / raw_med:>5.2f} | {raw_p10:>8.1f} {conn_p10:>8.1f} "
+            f"{conn_p10 / raw_p10:>5.2f}"
         )
 
 

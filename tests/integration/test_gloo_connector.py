@@ -80,6 +80,18 @@ def attention_inputs(
 # Rank programs (run in child processes) ----------------------------------------------
 
 
+def store_listening(port: int) -> bool:
+    """Whether something still accepts connections at ``port`` after one second."""
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                time.sleep(0.05)
+        except OSError:
+            return False
+    return True
+
+
 class Sync:
     """Cross-process signals of one FFN rank: its block's first payloads sent; done."""
 
@@ -96,8 +108,12 @@ def run_ffn(
     payloads: int,
     wire: WireSpec = WIRE,
     sync: Sync | None = None,
-) -> list[tuple[int, ...]]:
-    """Serve ``payloads`` control payloads; return the attention ranks of each step."""
+) -> tuple[list[tuple[int, ...]], bool]:
+    """Serve ``payloads`` control payloads.
+
+    Returns the attention ranks of each step, and whether the rendezvous store still
+    accepts connections once the connector is closed.
+    """
     conn = connect("ffn", rank, port, a, f, wire)
     if sync is not None:  # let every rank of the block queue its first payload
         for _ in conn.topology.block_of(rank):
@@ -119,7 +135,7 @@ def run_ffn(
         if sync is not None:
             sync.done.set()
         conn.close()
-    return steps
+    return steps, store_listening(port)
 
 
 def run_attention(
@@ -191,8 +207,10 @@ def test_round_trips_are_exact_and_blocks_are_served_as_one_batch(ranks, port, n
     for r in range(a):
         assert out[f"attn{r}"].value == sum(n for c in counts[r] for n in c) * LAYERS
     for r in range(f):
+        steps, _ = out[f"ffn{r}"].value
         # Every first payload of the block was queued before the FFN looked: one batch.
-        assert out[f"ffn{r}"].value[0] == tuple(topo.block_of(r)), out[f"ffn{r}"].value
+        assert steps[0] == tuple(topo.block_of(r)), steps
+    assert not out["ffn0"].value[1], "FFN rank 0 still serves the rendezvous store after close"
 
 
 def test_gate_on_attention_sends_router_logits_over_two_stages(ranks, port):

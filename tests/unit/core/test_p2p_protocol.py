@@ -112,7 +112,7 @@ def test_an_ffn_rank_computes_its_block_once_and_splits_the_result_back():
             )
         headers = [send(conn, 0, 0, x) for conn, x in zip(attention, inputs, strict=True)]
         deadline = time.monotonic() + 5
-        while not all(ffn[0]._queues.values()):  # the receiver threads queue the payloads
+        while ffn[0]._inbox.ready_ranks() != (0, 1, 2):  # receiver threads queue payloads
             assert time.monotonic() < deadline
             time.sleep(0.01)
         step = ffn[0].control_plane.recv_step()
@@ -185,6 +185,17 @@ def test_a_step_may_not_start_before_the_previous_one_exchanged_every_layer(pair
         attn.control_plane.send_step(ControlPayload(4, 0, (AFDDPMetadata(0, (2,)),)))
     with pytest.raises(AFDProtocolError, match="failed earlier; close it"):
         attn.send_hidden(header, torch.ones(2, 4))
+
+
+def test_send_hidden_and_recv_output_come_in_pairs_per_stage(pair):
+    attn, _ = pair
+    with pytest.raises(AFDProtocolError, match="but sent nothing for that stage"):
+        attn.recv_output(a2f_header(3, 0, 0, 2, 0, WIRE), torch.empty(2, 4))
+    send(attn, 3, 0, torch.ones(2, 4))
+    with pytest.raises(AFDProtocolError, match="awaits recv_output"):
+        send(attn, 3, 1, torch.ones(2, 4))
+    with pytest.raises(AFDProtocolError, match=r"result of layer 1 .* but sent layer 0 of step 3"):
+        attn.recv_output(a2f_header(3, 1, 0, 2, 0, WIRE), torch.empty(2, 4))
 
 
 def test_the_ffn_rank_names_both_views_of_a_mispaired_layer(pair):

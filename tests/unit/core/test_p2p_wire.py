@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from afd_core.connector import WireSpec
@@ -17,6 +19,7 @@ from afd_core.connectors.p2p_wire import (
     f2a_header,
     hidden_nbytes,
     logits_nbytes,
+    with_layer,
 )
 from afd_core.errors import AFDProtocolError
 from afd_core.metadata import AFDDPMetadata, ControlPayload
@@ -65,6 +68,12 @@ def test_packed_headers_equal_the_encoded_dataclasses(wire):
     packer = HeaderPacker(wire)
     assert packer.a2f(7, 3, 1, 12, 2) == a2f_header(7, 3, 1, 12, 2, wire).encode()
     assert packer.f2a(7, 3, 1, 12, 0) == f2a_header(7, 3, 1, 12, 0, wire).encode()
+
+
+def test_with_layer_equals_replace_and_leaves_the_template_alone():
+    template = a2f_header(7, 0, 1, 12, 2, GATE)
+    assert with_layer(template, 5) == replace(template, layer=5)
+    assert template.layer == 0
 
 
 def test_a2f_headers_carry_logits_only_when_the_gate_runs_on_attention():

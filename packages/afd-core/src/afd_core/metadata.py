@@ -207,7 +207,7 @@ class TransferHeader:
     ``direction`` is ``"a2f"`` (attention to FFN) or ``"f2a"``; ``logits_width`` is the
     number of router-logit columns that follow the hidden states (0 when the gate runs on
     FFN); ``logits_dtype`` their dtype name (ignored when ``logits_width`` is 0).
-    ``sender_rank`` is the sender's AFD *world* rank (FFN ranks first).
+    ``sender_rank`` is the sender's role rank (attention rank for a2f, FFN rank for f2a).
     """
 
     SIZE: ClassVar[int] = 64

@@ -111,11 +111,14 @@ def detach_gate(block: nn.Module) -> None:
     """
     bias = getattr(block.gate, "e_score_correction_bias", None)
     block.experts.gate = None
-    del block.gate
-    if bias is not None:
-        holder = nn.Module()
-        holder.e_score_correction_bias = bias
-        block.gate = holder
+    if bias is None:
+        del block.gate
+        return
+    holder = nn.Module()
+    holder.e_score_correction_bias = bias
+    # Replaced in place, the module keeps its position, so the bias (also held by the
+    # runner's routed experts) keeps its checkpoint name in named_parameters().
+    block.gate = holder
 
 
 class FFNLayer(nn.Module):

@@ -54,15 +54,15 @@ class P2pGlooAFDConnector(P2pProtocolConnector):
         self._interrupted = False
 
     def _initialize(self) -> None:
-        import torch.distributed as dist
-
         try:
-            self._open(dist)
+            self._open()
         except BaseException:
             self._close()  # free the port and any half-made group at once
             raise
 
-    def _open(self, dist: Any) -> None:
+    def _open(self) -> None:
+        import torch.distributed as dist
+
         timeout_s = self._timeout_s
         should_stop = lambda: self.is_closed  # noqa: E731
         self._interrupted = False
@@ -127,20 +127,18 @@ class P2pGlooAFDConnector(P2pProtocolConnector):
         return pg
 
     def _post_send(self, buf: torch.Tensor, peer: int, tag: int) -> Any:
+        pg = self._group()
         try:
-            return self._group().send([buf], peer, tag)
+            return pg.send([buf], peer, tag)
         except RuntimeError as exc:
-            if isinstance(exc, AFDShutdown):
-                raise
-            raise self._peer_failure(peer, "posting a send", str(exc), False) from exc
+            raise self._peer_failure(peer, "a send", str(exc), False) from exc
 
     def _post_recv(self, buf: torch.Tensor, peer: int, tag: int) -> Any:
+        pg = self._group()
         try:
-            return self._group().recv([buf], peer, tag)
+            return pg.recv([buf], peer, tag)
         except RuntimeError as exc:
-            if isinstance(exc, AFDShutdown):
-                raise
-            raise self._peer_failure(peer, "posting a receive", str(exc), False) from exc
+            raise self._peer_failure(peer, "a receive", str(exc), False) from exc
 
     def _wait(self, handle: Any, peer: int, deadline: float | None, what: Purpose) -> None:
         if deadline is None:

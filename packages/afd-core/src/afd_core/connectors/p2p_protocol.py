@@ -1,11 +1,12 @@
 """``P2pProtocolConnector``: the P2P wire protocol over abstract transport primitives.
 
 It implements everything that does not depend on the transport: the control plane
-(fixed-size frames; on the FFN side one receiver thread per attention rank of the block
-and step assembly), packing a header, hidden states and router logits into one message,
-the sender-side checks that keep both sides' message sizes equal, the receiver-side
-header checks, concatenating a block and splitting the result back. The byte formats are
-in :mod:`afd_core.connectors.p2p_wire`; ``docs/wire-protocol.md`` describes both.
+(fixed-size frames; the FFN side's :class:`~afd_core.connectors.p2p_control.ControlInbox`),
+packing a header, hidden states and router logits into one message
+(:mod:`~afd_core.connectors.p2p_buffers`), the sender-side checks that keep both sides'
+message sizes equal, the receiver-side header checks, concatenating a block and
+splitting the result back. The byte formats are in :mod:`afd_core.connectors.p2p_wire`;
+``docs/wire-protocol.md`` describes the whole protocol.
 
 A transport subclasses it and implements ``_post_send``, ``_post_recv``, ``_wait``,
 ``_initialize`` (ending with :meth:`_start_protocol`) and ``_close`` (calling
@@ -16,13 +17,13 @@ and ``_write_bytes``. Importing this module imports no torch.
 from __future__ import annotations
 
 import ctypes
-import threading
 import time
 from abc import abstractmethod
-from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from afd_core.connector import Connector, ControlPlane, FFNLayerBatch, FFNStep, WireSpec
+from afd_core.connectors.p2p_buffers import MessageBuffers, Slot
+from afd_core.connectors.p2p_control import ControlInbox
 from afd_core.connectors.p2p_wire import (
     CONTROL_FRAME_BYTES,
     DTYPE_SIZES,
@@ -31,16 +32,13 @@ from afd_core.connectors.p2p_wire import (
     TAG_CONTROL,
     TAG_F2A,
     HeaderPacker,
-    StepAssembler,
     a2f_header,
     check_received,
-    decode_control_frame,
     describe_rank,
     encode_control_frame,
     f2a_header,
     header_differences,
-    hidden_nbytes,
-    logits_nbytes,
+    with_layer,
 )
 from afd_core.errors import (
     AFDConfigError,
@@ -65,21 +63,17 @@ def describe_purpose(what: Purpose) -> str:
     return what if isinstance(what, str) else f"layer {what[0]} of step {what[1]}"
 
 
-class _Slot:
-    """A reusable message buffer of one (direction, peer, stage) and its typed views.
+class _BlockEntry:
+    """FFN side: one attention rank of a step, for one stage."""
 
-    ``logits`` is None when the message has no router logits or when they are not
-    aligned for their dtype (then they are copied byte-wise).
-    """
-
-    __slots__ = ("addr", "buf", "hidden", "logits", "logits_nbytes", "logits_offset", "rows")
+    __slots__ = ("header", "peer", "rank", "recv_key", "rows", "send_key", "step_id")
 
     def __init__(
-        self, rows: int, buf: Any, hidden: Any, logits: Any, offset: int, nbytes: int
+        self, rank: int, peer: int, step_id: int, rows: int, stage: int, header: TransferHeader
     ) -> None:
-        self.rows, self.buf, self.addr = rows, buf, buf.data_ptr()
-        self.hidden, self.logits = hidden, logits
-        self.logits_offset, self.logits_nbytes = offset, nbytes
+        self.rank, self.peer, self.step_id, self.rows = rank, peer, step_id, rows
+        self.recv_key, self.send_key = ("a2f", rank, stage), ("f2a", rank, stage)
+        self.header = header  # layer 0; with_layer() gives the header of any layer
 
 
 class _P2pControlPlane(ControlPlane):
@@ -122,9 +116,10 @@ class P2pProtocolConnector(Connector):
         self._control = _P2pControlPlane(self)
         self._headers = HeaderPacker(wire)
         self._torch: Any = None
-        self._pool: dict[tuple[object, ...], Any] = {}
-        self._slots: dict[tuple[object, ...], _Slot] = {}
-        self._pending: dict[tuple[object, ...], tuple[Any, int, Purpose]] = {}
+        self._buffers: MessageBuffers | None = None
+        self._slots: dict[tuple[object, ...], Slot] = {}
+        # Attention side, per stage: (send, receive, receive slot, layer, step) in flight.
+        self._inflight: dict[int, tuple[Any, Any, Slot, int, int]] = {}
         self._failure: AFDError | None = None
         # Attention side: the FFN rank, what this rank announced, exchanges done.
         self._announced: tuple[int, tuple[int, ...]] | None = None
@@ -132,14 +127,11 @@ class P2pProtocolConnector(Connector):
         if config.role == "attention":
             self._ffn_rank = self.topology.ffn_rank_of(role_rank)
             self._ffn_world = self.topology.world_rank("ffn", self._ffn_rank)
-        # FFN side: control queues filled by one receiver thread per attention rank.
+        # FFN side: the control payloads of the block.
         block = self.topology.block_of(role_rank) if config.role == "ffn" else range(0)
         self._attention_world = {a: self.topology.world_rank("attention", a) for a in block}
-        self._assembler = StepAssembler(block)
-        self._cond = threading.Condition()
-        self._queues: dict[int, deque[ControlPayload]] = {a: deque() for a in block}
-        self._errors: dict[int, AFDError] = {}
-        self._receivers: list[threading.Thread] = []
+        self._plans: dict[int, tuple[FFNStep, tuple[_BlockEntry, ...]]] = {}
+        self._inbox = ControlInbox(self, block)
 
     # Transport primitives ------------------------------------------------------------
 
@@ -180,34 +172,24 @@ class P2pProtocolConnector(Connector):
         """Call at the end of ``_initialize`` once the transport is up."""
         import torch
 
+        self._buffers = MessageBuffers(self.wire, self._allocate)
+        self._slots = self._buffers.slots
+        self._dtype = self._buffers.dtype
+        self._logits_dtype = self._buffers.logits_dtype
         self._torch = torch
-        self._dtype = getattr(torch, self.wire.dtype)
-        self._logits_dtype = getattr(torch, self.wire.router_logits_dtype)
-        self._rows = (-1, self.wire.hidden_size)
-        for rank in self._queues:
-            thread = threading.Thread(
-                target=self._receive_control,
-                args=(rank,),
-                daemon=True,
-                name=f"afd-control-a{rank}-f{self.role_rank}",
-            )
-            self._receivers.append(thread)
-            thread.start()
+        if self.config.role == "ffn":
+            self._inbox.start()
 
     def _stop_protocol(self, join_timeout_s: float = 2.0) -> None:
         """Call from ``_close`` once the transport woke its waiters."""
-        with self._cond:
-            self._cond.notify_all()
-        for thread in self._receivers:
-            thread.join(join_timeout_s)
-        self._receivers.clear()
-        self._pending.clear()
-        self._slots.clear()
-        self._pool.clear()
+        self._inbox.stop(join_timeout_s)
+        self._inflight.clear()
+        self._plans.clear()
+        if self._buffers is not None:
+            self._buffers.clear()
 
     def _wake_waiters(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
+        self._inbox.wake()
 
     def _peer_failure(self, peer: int, what: Purpose, detail: str, timed_out: bool) -> AFDError:
         """The error for a failed wait on world rank ``peer`` (see :meth:`_wait`)."""
@@ -244,48 +226,13 @@ class P2pProtocolConnector(Connector):
         raise RuntimeError(f"{self.name}: call initialize() before exchanging data")
 
     def _fail(self, exc: AFDError) -> None:
-        """Remember ``exc`` (unless it is AFDShutdown): later calls raise it again."""
+        """Remember ``exc`` (unless it is AFDShutdown): later calls raise it again.
+
+        Keeps a copy without traceback: the traceback's frames would hold transport
+        handles, and through them the process group and its port, after close().
+        """
         if not isinstance(exc, AFDShutdown):
-            self._failure = exc
-
-    def _slot(self, key: tuple[object, ...], rows: int, with_logits: bool) -> _Slot:
-        """The buffer of ``key`` sized for ``rows`` tokens (callers first try ``_slots``)."""
-        wire = self.wire
-        hb = hidden_nbytes(rows, wire)
-        lb = logits_nbytes(rows, wire) if with_logits else 0
-        nbytes = HEADER_BYTES + hb + lb
-        storage = self._pool.get(key)
-        if storage is None or storage.numel() < nbytes:
-            storage = self._allocate(max(nbytes, 4096))
-            self._pool[key] = storage
-        buf = storage[:nbytes]
-        hidden = buf[HEADER_BYTES : HEADER_BYTES + hb].view(self._dtype).view(self._rows)
-        offset, logits = HEADER_BYTES + hb, None
-        if lb and offset % self._logits_dtype.itemsize == 0:
-            logits = (
-                buf[offset : offset + lb]
-                .view(self._logits_dtype)
-                .view(-1, wire.router_logits_width)
-            )
-        slot = _Slot(rows, buf, hidden, logits, offset, lb)
-        self._slots[key] = slot
-        return slot
-
-    def _pack_logits(self, slot: _Slot, logits: Any) -> None:
-        if slot.logits is not None:
-            slot.logits.copy_(logits)
-        else:  # unaligned: copy the bytes
-            end = slot.logits_offset + slot.logits_nbytes
-            slot.buf[slot.logits_offset : end].copy_(
-                logits.contiguous().view(-1).view(self._torch.uint8)
-            )
-
-    def _unpack_logits(self, slot: _Slot) -> Any:
-        if slot.logits is not None:
-            return slot.logits
-        end = slot.logits_offset + slot.logits_nbytes
-        raw = slot.buf[slot.logits_offset : end].clone()
-        return raw.view(self._logits_dtype).view(-1, self.wire.router_logits_width)
+            self._failure = type(exc)(str(exc))
 
     def _reject_rows(self, name: str, tensor: Any, rows: int, cols: int, dtype: Any) -> None:
         raise AFDProtocolError(
@@ -318,9 +265,7 @@ class P2pProtocolConnector(Connector):
                 )
                 self._fail(exc)
                 raise exc
-        frame = self._pool.get(("control",))
-        if frame is None:
-            frame = self._pool[("control",)] = self._allocate(CONTROL_FRAME_BYTES)
+        frame = self._buffers.storage(("control",), CONTROL_FRAME_BYTES)
         self._write_bytes(frame.data_ptr(), encode_control_frame(payload))
         deadline = time.monotonic() + self._timeout_s
         try:
@@ -373,8 +318,8 @@ class P2pProtocolConnector(Connector):
         The header must match the token count announced for its stage and the wire spec,
         so that the FFN rank expects exactly this many bytes (AFDProtocolError
         otherwise); ``router_logits`` is required exactly when the wire spec has router
-        logits. Returns once the send is posted; :meth:`recv_output` of the same stage
-        completes it.
+        logits. Posts the receive of the reply first, then the send, and returns; the
+        matching :meth:`recv_output` completes both.
         """
         if self._closed.is_set() or self._failure is not None or self._torch is None:
             self._raise_unusable()
@@ -406,27 +351,33 @@ class P2pProtocolConnector(Connector):
             router_logits.shape != (n, width) or router_logits.dtype != self._logits_dtype
         ):
             self._reject_rows("router_logits", router_logits, n, width, self._logits_dtype)
-        key = ("a2f", stage)
+        if stage in self._inflight:
+            raise AFDProtocolError(
+                f"AFD: attention rank {self.role_rank} sends layer {header.layer} stage {stage} "
+                "while the previous exchange of that stage awaits recv_output()"
+            )
+        key, reply_key = ("a2f", stage), ("f2a", stage)
         slot = self._slots.get(key)
         if slot is None or slot.rows != n:
-            slot = self._slot(key, n, width > 0)
-        what = (header.layer, header.step_id)
+            slot = self._buffers.slot(key, n, width > 0)
+        reply = self._slots.get(reply_key)
+        if reply is None or reply.rows != n:
+            reply = self._buffers.slot(reply_key, n, False)
         try:
-            pending = self._pending.pop(key, None)
-            if pending is not None:
-                self._wait(pending[0], pending[1], time.monotonic() + self._timeout_s, pending[2])
+            # The reply's receive goes first, so the FFN rank never waits for it.
+            received = self._post_recv(reply.buf, self._ffn_world, TAG_F2A)
             self._write_bytes(
                 slot.addr, self._headers.a2f(header.step_id, header.layer, stage, n, self.role_rank)
             )
             if n:
                 slot.hidden.copy_(hidden)
                 if router_logits is not None:
-                    self._pack_logits(slot, router_logits)
-            handle = self._post_send(slot.buf, self._ffn_world, TAG_A2F)
+                    self._buffers.pack_logits(slot, router_logits)
+            sent = self._post_send(slot.buf, self._ffn_world, TAG_A2F)
         except AFDError as exc:
             self._fail(exc)
             raise
-        self._pending[key] = (handle, self._ffn_world, what)
+        self._inflight[stage] = (sent, received, reply, header.layer, header.step_id)
 
     def recv_output(self, header: TransferHeader, out: torch.Tensor) -> torch.Tensor:
         """Receive the FFN result for ``header``'s step, layer and stage into ``out``.
@@ -448,18 +399,27 @@ class P2pProtocolConnector(Connector):
         n, layer = header.num_tokens, header.layer
         if out.shape != (n, self.wire.hidden_size) or out.dtype != self._dtype:
             self._reject_rows("out", out, n, self.wire.hidden_size, self._dtype)
-        key = ("f2a", stage)
-        slot = self._slots.get(key)
-        if slot is None or slot.rows != n:
-            slot = self._slot(key, n, False)
+        inflight = self._inflight.pop(stage, None)
+        if inflight is None or inflight[3:] != (layer, header.step_id):
+            sent_what = (
+                "nothing for that stage"
+                if inflight is None
+                else f"layer {inflight[3]} of step {inflight[4]}"
+            )
+            exc = AFDProtocolError(
+                f"AFD: attention rank {self.role_rank} asks for the result of layer {layer} "
+                f"stage {stage} of step {header.step_id}, but sent {sent_what}; call "
+                "send_hidden() and recv_output() in pairs"
+            )
+            if inflight is not None:  # its receive stays posted: the stream is lost
+                self._fail(exc)
+            raise exc
+        sent, received, slot = inflight[:3]
         deadline = time.monotonic() + self._timeout_s
         what = (layer, header.step_id)
         try:
-            handle = self._post_recv(slot.buf, self._ffn_world, TAG_F2A)
-            pending = self._pending.pop(("a2f", stage), None)
-            if pending is not None:
-                self._wait(pending[0], pending[1], deadline, pending[2])
-            self._wait(handle, self._ffn_world, deadline, what)
+            self._wait(sent, self._ffn_world, deadline, what)
+            self._wait(received, self._ffn_world, deadline, what)
             if self._read_bytes(slot.addr, HEADER_BYTES) != self._headers.f2a(
                 header.step_id, layer, stage, n, self._ffn_rank
             ):
@@ -478,28 +438,6 @@ class P2pProtocolConnector(Connector):
 
     # FFN side --------------------------------------------------------------------------
 
-    def _receive_control(self, rank: int) -> None:
-        """Receiver thread: post a control receive from ``rank``, queue what arrives."""
-        peer = self._attention_world[rank]
-        frame = self._allocate(CONTROL_FRAME_BYTES)
-        addr = frame.data_ptr()
-        try:
-            while not self.is_closed:
-                handle = self._post_recv(frame, peer, TAG_CONTROL)
-                self._wait(handle, peer, None, "the next control payload")
-                payload = decode_control_frame(self._read_bytes(addr, CONTROL_FRAME_BYTES))
-                with self._cond:
-                    self._queues[rank].append(payload)
-                    self._cond.notify_all()
-            return
-        except AFDError as exc:
-            error: AFDError = exc
-        except Exception as exc:
-            error = self._peer_failure(peer, "the next control payload", str(exc), False)
-        with self._cond:
-            self._errors[rank] = error
-            self._cond.notify_all()
-
     def _recv_step(self) -> FFNStep | None:
         if self.is_closed:
             return None
@@ -507,23 +445,32 @@ class P2pProtocolConnector(Connector):
             self._raise_unusable()
         if self.config.role != "ffn":
             raise RuntimeError(f"{self.name}: recv_step is for the FFN role")
-        with self._cond:
-            while True:
-                if self.is_closed:
-                    return None
-                ready = {r: q.popleft() for r, q in self._queues.items() if q}
-                if ready:
-                    break
-                for error in self._errors.values():
-                    if not isinstance(error, AFDShutdown):
-                        self._fail(error)
-                        raise error
-                self._cond.wait(1.0)
         try:
-            return self._assembler.assemble(ready)
-        except AFDProtocolError as exc:
+            return self._inbox.next_step()
+        except AFDError as exc:
             self._fail(exc)
             raise
+
+    def _block_plan(self, step: FFNStep, stage: int) -> tuple[_BlockEntry, ...]:
+        """Per-rank facts of ``step`` and ``stage``, computed once for all its layers."""
+        plan = self._plans.get(stage)
+        if plan is not None and plan[0] is step:
+            return plan[1]
+        entries = tuple(
+            _BlockEntry(
+                rank,
+                self._attention_world[rank],
+                payload.step_id,
+                counts[stage],
+                stage,
+                a2f_header(payload.step_id, 0, stage, counts[stage], rank, self.wire),
+            )
+            for payload, rank, counts in zip(
+                step.payloads, step.attention_ranks, step.tokens, strict=True
+            )
+        )
+        self._plans[stage] = (step, entries)
+        return entries
 
     def recv_hidden(self, step: FFNStep, layer: int, stage: int) -> FFNLayerBatch:
         """Receive one layer's input from every attention rank of ``step``, concatenated.
@@ -538,60 +485,42 @@ class P2pProtocolConnector(Connector):
                 f"AFD: stage {stage} is outside the step's {step.num_stages} stage(s)"
             )
         with_logits = self.wire.router_logits_width > 0
+        entries = self._block_plan(step, stage)
         deadline = time.monotonic() + self._timeout_s
-        posted = []
+        slots = []
         try:
-            for payload, rank, counts in zip(
-                step.payloads, step.attention_ranks, step.tokens, strict=True
-            ):
-                key, n = ("a2f", rank, stage), counts[stage]
-                slot = self._slots.get(key)
-                if slot is None or slot.rows != n:
-                    slot = self._slot(key, n, with_logits)
-                peer = self._attention_world[rank]
-                posted.append(
-                    (self._post_recv(slot.buf, peer, TAG_A2F), peer, slot, payload.step_id, rank)
-                )
-            for handle, peer, slot, step_id, rank in posted:
-                self._wait(handle, peer, deadline, (layer, step_id))
+            posted = []
+            for entry in entries:
+                slot = self._slots.get(entry.recv_key)
+                if slot is None or slot.rows != entry.rows:
+                    slot = self._buffers.slot(entry.recv_key, entry.rows, with_logits)
+                slots.append(slot)
+                posted.append(self._post_recv(slot.buf, entry.peer, TAG_A2F))
+            for handle, slot, entry in zip(posted, slots, entries, strict=True):
+                self._wait(handle, entry.peer, deadline, (layer, entry.step_id))
                 raw = self._read_bytes(slot.addr, HEADER_BYTES)
-                if raw != self._headers.a2f(step_id, layer, stage, slot.rows, rank):
+                if raw != self._headers.a2f(entry.step_id, layer, stage, entry.rows, entry.rank):
                     check_received(
                         raw,
-                        a2f_header(step_id, layer, stage, slot.rows, rank, self.wire),
-                        describe_rank(self.topology, "attention", rank),
+                        with_layer(entry.header, layer),
+                        describe_rank(self.topology, "attention", entry.rank),
                     )
         except AFDError as exc:
             self._fail(exc)
             raise
-        slots = [p[2] for p in posted]
         return FFNLayerBatch(
             step=step,
             layer=layer,
             stage=stage,
-            hidden=self._concat(("cat", stage), [s.hidden for s in slots], self._dtype),
-            router_logits=self._concat(
-                ("catl", stage), [self._unpack_logits(s) for s in slots], self._logits_dtype
+            hidden=self._buffers.concat(("cat", stage), [s.hidden for s in slots], self._dtype),
+            router_logits=self._buffers.concat(
+                ("catl", stage), [self._buffers.unpack_logits(s) for s in slots], self._logits_dtype
             )
             if with_logits
             else None,
-            splits=tuple(s.rows for s in slots),
-            headers=tuple(
-                a2f_header(p[3], layer, stage, p[2].rows, p[4], self.wire) for p in posted
-            ),
+            splits=tuple(e.rows for e in entries),
+            headers=tuple(with_layer(e.header, layer) for e in entries),
         )
-
-    def _concat(self, key: tuple[object, ...], parts: list[Any], dtype: Any) -> Any:
-        if len(parts) == 1:
-            return parts[0]
-        rows, cols = sum(p.shape[0] for p in parts), parts[0].shape[1]
-        nbytes = rows * cols * dtype.itemsize
-        storage = self._pool.get(key)
-        if storage is None or storage.numel() < nbytes:
-            storage = self._allocate(max(nbytes, 4096))
-            self._pool[key] = storage
-        out = storage[:nbytes].view(dtype).view(rows, cols)
-        return self._torch.cat(parts, out=out)
 
     def send_output(self, batch: FFNLayerBatch, output: torch.Tensor) -> None:
         """Split ``output`` by ``batch.splits`` and send each part to its attention rank.
@@ -600,31 +529,30 @@ class P2pProtocolConnector(Connector):
         """
         if self._closed.is_set() or self._failure is not None or self._torch is None:
             self._raise_unusable()
-        splits, layer, stage = batch.splits, batch.layer, batch.stage
-        if output.shape != (sum(splits), self.wire.hidden_size) or output.dtype != self._dtype:
-            self._reject_rows("output", output, sum(splits), self.wire.hidden_size, self._dtype)
+        layer, stage = batch.layer, batch.stage
+        entries = self._block_plan(batch.step, stage)
+        rows = sum(e.rows for e in entries)
+        if output.shape != (rows, self.wire.hidden_size) or output.dtype != self._dtype:
+            self._reject_rows("output", output, rows, self.wire.hidden_size, self._dtype)
         deadline = time.monotonic() + self._timeout_s
-        single = len(splits) == 1
+        single = len(entries) == 1
         posted = []
         start = 0
         try:
-            for payload, rank, n in zip(
-                batch.step.payloads, batch.step.attention_ranks, splits, strict=True
-            ):
-                key = ("f2a", rank, stage)
-                slot = self._slots.get(key)
+            for entry in entries:
+                n = entry.rows
+                slot = self._slots.get(entry.send_key)
                 if slot is None or slot.rows != n:
-                    slot = self._slot(key, n, False)
+                    slot = self._buffers.slot(entry.send_key, n, False)
                 self._write_bytes(
-                    slot.addr, self._headers.f2a(payload.step_id, layer, stage, n, self.role_rank)
+                    slot.addr, self._headers.f2a(entry.step_id, layer, stage, n, self.role_rank)
                 )
                 if n:
                     slot.hidden.copy_(output if single else output[start : start + n])
-                peer = self._attention_world[rank]
-                posted.append((self._post_send(slot.buf, peer, TAG_F2A), peer, payload.step_id))
+                posted.append(self._post_send(slot.buf, entry.peer, TAG_F2A))
                 start += n
-            for handle, peer, step_id in posted:
-                self._wait(handle, peer, deadline, (layer, step_id))
+            for handle, entry in zip(posted, entries, strict=True):
+                self._wait(handle, entry.peer, deadline, (layer, entry.step_id))
         except AFDError as exc:
             self._fail(exc)
             raise

@@ -126,6 +126,18 @@ def f2a_header(
     )
 
 
+def with_layer(header: TransferHeader, layer: int) -> TransferHeader:
+    """``dataclasses.replace(header, layer=layer)`` in a fifth of the time (hot path).
+
+    Skips ``__post_init__``: ``header`` was validated when it was built and ``layer`` is
+    an int.
+    """
+    copy = object.__new__(TransferHeader)
+    copy.__dict__.update(header.__dict__)
+    copy.__dict__["layer"] = layer
+    return copy
+
+
 class HeaderPacker:
     """Encodes the headers of one wire spec without building TransferHeader objects.
 

@@ -1,11 +1,15 @@
-"""Find and end the processes a launcher started, including vLLM's grandchildren.
+"""Find and end the processes a launched server left, vLLM's grandchildren included.
 
-Every server process is started with the environment variable :data:`TAG_VARIABLE` set
-to ``"<launcher pid>/<server name>"``; vLLM's engine-core and worker processes inherit
-it, so the whole tree can be found by reading ``/proc/<pid>/environ``, even processes
-that were re-parented or left the process group. Zombies are ignored: they hold no
-resources and are reaped by their parent. Without ``/proc`` (not Linux) the search
-finds nothing and callers rely on process groups alone.
+Every server starts in a new session (``start_new_session=True``), so its session id is
+its pid, and vLLM's engine-core and worker processes inherit that session even when they
+are re-parented after their parent dies. On Linux the members of a session are found by
+reading ``/proc/<pid>/stat`` (vLLM renames its processes, which clobbers
+``/proc/<pid>/environ`` and the command line, so neither can identify them). Zombies are
+ignored: they hold no resources and are reaped by their parent. Without ``/proc`` the
+process group (whose id is the session id) is the only handle.
+
+This module also remembers the sessions this process started, so a test harness can
+check that nothing it launched is still running.
 """
 
 from __future__ import annotations
@@ -15,50 +19,53 @@ import signal
 import time
 from pathlib import Path
 
-TAG_VARIABLE = "AFD_LAUNCH_TAG"
 _PROC = Path("/proc")
+_started_sessions: set[int] = set()
 
 
-def launch_tag(server_name: str, owner_pid: int | None = None) -> str:
-    """The tag of ``server_name`` started by ``owner_pid`` (default: this process)."""
-    return f"{os.getpid() if owner_pid is None else owner_pid}/{server_name}"
+def remember_session(sid: int) -> None:
+    """Record that this process started session ``sid`` (a launched server's pid)."""
+    _started_sessions.add(sid)
 
 
-def tagged_processes(prefix: str) -> dict[int, str]:
-    """Live (non-zombie) processes whose tag starts with ``prefix``: ``{pid: tag}``.
+def started_sessions() -> frozenset[int]:
+    """Every session id recorded by :func:`remember_session` in this process."""
+    return frozenset(_started_sessions)
 
-    ``prefix`` is a whole tag or ``"<launcher pid>/"`` for everything one launcher
-    started. Processes that vanish or cannot be read while scanning are skipped.
+
+def session_processes(sid: int) -> list[int]:
+    """Live (non-zombie) processes of session ``sid``, sorted.
+
+    Without ``/proc``: ``[sid]`` while the process group ``sid`` exists, else ``[]``.
     """
-    found: dict[int, str] = {}
     if not _PROC.is_dir():
-        return found
-    needle = f"{TAG_VARIABLE}={prefix}".encode()
+        return [sid] if signal_group(sid, 0) else []
+    found = []
     for entry in _PROC.iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            environ = (entry / "environ").read_bytes()
-            if needle not in environ or _is_zombie(entry):
-                continue
+            stat = (entry / "stat").read_text()
         except OSError:
-            continue
-        for item in environ.split(b"\0"):
-            if item.startswith(needle):
-                found[int(entry.name)] = item.decode(errors="replace").partition("=")[2]
-    return found
+            continue  # the process ended while scanning
+        # "pid (comm) state ppid pgrp session ..."; comm may hold spaces and parentheses.
+        state, _ppid, _pgrp, session = stat[stat.rindex(")") + 2 :].split()[:4]
+        if int(session) == sid and state not in ("Z", "X"):
+            found.append(int(entry.name))
+    return sorted(found)
 
 
-def kill_tagged(prefix: str, timeout_s: float = 5.0) -> list[int]:
-    """SIGKILL every process tagged with ``prefix``; return their pids.
+def kill_session(sid: int, timeout_s: float = 5.0) -> list[int]:
+    """SIGKILL process group ``sid`` and every other member of session ``sid``.
 
-    Waits up to ``timeout_s`` until none is left alive (zombies do not count).
+    Returns the pids that were still alive; waits up to ``timeout_s`` until none is.
     """
-    pids = sorted(tagged_processes(prefix))
+    pids = session_processes(sid)
+    signal_group(sid, signal.SIGKILL)
     for pid in pids:
         signal_pid(pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout_s
-    while tagged_processes(prefix) and time.monotonic() < deadline:
+    while session_processes(sid) and time.monotonic() < deadline:
         time.sleep(0.05)
     return pids
 
@@ -82,9 +89,3 @@ def signal_pid(pid: int, sig: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def _is_zombie(entry: Path) -> bool:
-    # /proc/<pid>/stat: "pid (comm) state ..."; comm may contain spaces and parentheses.
-    stat = (entry / "stat").read_text()
-    return stat[stat.rindex(")") + 2 :].startswith(("Z", "X"))

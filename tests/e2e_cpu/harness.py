@@ -1,0 +1,195 @@
+"""Shared helpers of the CPU end-to-end tests: tiny models, servers, requests, leaks.
+
+* :func:`build_tiny_models`: the tiny checkpoints (``python -m afd_models.tiny``), or the
+  prebuilt ones named by ``$AFD_TINY_MODELS``.
+* :class:`MonolithicServers`: plain vLLM servers (no AFD) per (model, eager), started on
+  first use and reused until :meth:`MonolithicServers.stop_all`.
+* :func:`complete`: greedy completions through the official ``openai`` client, with the
+  token ids and the top-5 logprobs of every generated token.
+* :func:`leftover_processes`: processes of launched servers that are still alive.
+
+Every wait is bounded: server start by :data:`SERVER_START_TIMEOUT_S`, requests by
+:data:`REQUEST_TIMEOUT_S`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+from afd_core.launch import ServerSpec, VllmServer, free_ports
+from afd_core.launch.processes import session_processes, started_sessions
+
+SERVER_START_TIMEOUT_S = 180.0
+REQUEST_TIMEOUT_S = 120.0
+TINY_MODEL_BUILD_TIMEOUT_S = 300.0
+TOP_LOGPROBS = 5
+_TOKEN_ID_PREFIX = "token_id:"
+
+
+def build_tiny_models(out_dir: Path) -> Path:
+    """The directory holding every tiny model (``<dir>/tiny-qwen3-moe``, ...).
+
+    ``$AFD_TINY_MODELS`` (built earlier by ``python -m afd_models.tiny DIR``) wins;
+    otherwise the models are built into ``out_dir`` in a child process.
+    """
+    prebuilt = os.environ.get("AFD_TINY_MODELS")
+    if prebuilt:
+        return Path(prebuilt)
+    subprocess.run(
+        [sys.executable, "-m", "afd_models.tiny", str(out_dir)],
+        check=True,
+        timeout=TINY_MODEL_BUILD_TIMEOUT_S,
+    )
+    return out_dir
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One greedy completion.
+
+    ``top_logprobs[i]`` maps token id to logprob for the best :data:`TOP_LOGPROBS`
+    candidates at generated position ``i``.
+    """
+
+    token_ids: tuple[int, ...]
+    top_logprobs: tuple[Mapping[int, float], ...]
+    text: str
+
+    @property
+    def first_token_logprobs(self) -> Mapping[int, float]:
+        """The top logprobs of the first generated token."""
+        return self.top_logprobs[0]
+
+    @property
+    def min_top2_gap(self) -> float:
+        """Smallest best-minus-second logprob over the generated positions (nats)."""
+        gaps = []
+        for candidates in self.top_logprobs:
+            best, second = sorted(candidates.values(), reverse=True)[:2]
+            gaps.append(best - second)
+        return min(gaps)
+
+
+def complete(
+    endpoint: str,
+    prompts: Sequence[str],
+    max_tokens: int,
+    model: str | None = None,
+    timeout_s: float = REQUEST_TIMEOUT_S,
+) -> list[Completion]:
+    """Greedy completions of ``prompts`` in one request (one batch), in prompt order.
+
+    ``endpoint`` is the server's base URL (``http://host:port``); ``model`` defaults to
+    the first model the server lists. EOS is ignored, so every completion has
+    ``max_tokens`` tokens.
+    """
+    import openai
+
+    client = openai.OpenAI(
+        base_url=f"{endpoint}/v1", api_key="unused", timeout=timeout_s, max_retries=0
+    )
+    with client:
+        name = model or client.models.list().data[0].id
+        response = client.completions.create(
+            model=name,
+            prompt=list(prompts),
+            max_tokens=max_tokens,
+            temperature=0.0,
+            logprobs=TOP_LOGPROBS,
+            extra_body={
+                "ignore_eos": True,
+                "return_token_ids": True,
+                "return_tokens_as_token_ids": True,
+            },
+        )
+    choices = sorted(response.choices, key=lambda c: c.index)
+    return [_completion(choice) for choice in choices]
+
+
+def _completion(choice: object) -> Completion:
+    extra = choice.model_extra or {}  # type: ignore[attr-defined]
+    top = choice.logprobs.top_logprobs  # type: ignore[attr-defined]
+    return Completion(
+        token_ids=tuple(extra["token_ids"]),
+        top_logprobs=tuple(
+            MappingProxyType({_token_id(k): v for k, v in candidates.items()}) for candidates in top
+        ),
+        text=choice.text,  # type: ignore[attr-defined]
+    )
+
+
+def _token_id(key: str) -> int:
+    if not key.startswith(_TOKEN_ID_PREFIX):
+        raise ValueError(f"expected a {_TOKEN_ID_PREFIX}N logprob key, got {key!r}")
+    return int(key.removeprefix(_TOKEN_ID_PREFIX))
+
+
+class MonolithicServers:
+    """Plain vLLM servers (AFD off), one per (model directory, eager), reused.
+
+    Logs go to ``work_dir``; every server shares ``cache_root``. Prints the time each
+    server took to become healthy.
+    """
+
+    def __init__(self, work_dir: Path, cache_root: Path) -> None:
+        self.work_dir = work_dir
+        self.cache_root = cache_root
+        self._servers: dict[tuple[Path, bool], VllmServer] = {}
+
+    def get(self, model: Path, enforce_eager: bool = True) -> VllmServer:
+        """The healthy server of ``model``, started on first use."""
+        key = (Path(model), enforce_eager)
+        if key not in self._servers:
+            (port,) = free_ports(1)
+            mode = "eager" if enforce_eager else "compiled"
+            spec = ServerSpec(
+                name=f"monolithic-{Path(model).name}-{mode}",
+                model=Path(model),
+                port=port,
+                enforce_eager=enforce_eager,
+            )
+            server = VllmServer(spec, self.work_dir, self.cache_root)
+            self._servers[key] = server
+            server.start()
+            try:
+                took = server.wait_healthy(time.monotonic() + SERVER_START_TIMEOUT_S)
+            except BaseException:
+                server.stop()
+                del self._servers[key]
+                raise
+            print(f"{spec.name} healthy after {took:.1f} s")
+        return self._servers[key]
+
+    @property
+    def sessions(self) -> frozenset[int]:
+        """Session ids of the servers kept running."""
+        return frozenset(s.pid for s in self._servers.values() if s.pid is not None)
+
+    def stop_all(self) -> None:
+        """Stop every server."""
+        for server in self._servers.values():
+            server.terminate()
+        for server in self._servers.values():
+            server.stop()
+        self._servers.clear()
+
+
+def leftover_processes(keep: Iterable[int] = ()) -> dict[int, list[int]]:
+    """Live processes of servers this process launched: ``{session id: [pids]}``.
+
+    Sessions in ``keep`` (servers meant to outlive the check) are left out.
+    """
+    kept = set(keep)
+    found = {}
+    for sid in sorted(started_sessions() - kept):
+        pids = session_processes(sid)
+        if pids:
+            found[sid] = pids
+    return found
