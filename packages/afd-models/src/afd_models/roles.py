@@ -183,9 +183,8 @@ class RoleDispatch:
     ``__init__``); with it, ``__new__`` returns an instance of ``afd_role_classes[role]``
     (a subclass, so Python then runs that subclass's ``__init__``).
 
-    Each registered wrapper sets ``afd_role_classes`` in its own class body namespace
-    (after its role subclasses are defined); constructing a role class directly does not
-    dispatch again.
+    Each registered wrapper gets its own ``afd_role_classes``, assigned once its role
+    subclasses exist; constructing a role class directly does not dispatch again.
     """
 
     afd_role_classes: ClassVar[Mapping[Role, type]] = MappingProxyType({})

@@ -1,0 +1,198 @@
+"""The child process of ``test_models_offline.py``: in-process vLLM engines, one report.
+
+``python models_offline_child.py MODEL_DIR WORK_DIR REPORT_JSON [--compiled]`` generates
+greedily with the stock class, with the registered wrapper and AFD off, and with the
+attention role whose exchanges a loopback exchanger serves from an FFN role model built
+in the same process (gate on FFN, gate on attention), then writes a JSON report: tokens,
+logprobs, parameters, loaded parameters, exchange calls and wire specs. ``--compiled``:
+only the attention role with the gate on attention, compiled by vLLM.
+
+Run it with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (engines in this process) and
+``VLLM_PLUGINS=""``: the afd plugin would give the attention config the AFD attention
+worker, which connects to a real FFN deployment. The wrappers are registered here, from
+afd-models' own ``afd_models`` hook.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+# The reference connector: parsing the AFD config imports it, nothing connects.
+CONNECTOR = "P2pGlooAFDConnector"
+NEW_TOKENS = 8
+KV_CACHE_BYTES = 64 * 1024 * 1024
+GATE_PLACEMENTS = ("gate_on_ffn", "gate_on_attention")
+# The engines stay alive: an engine that goes tears down vLLM's parallel groups, which
+# the engines and models that come after it share.
+_ENGINES: list[Any] = []
+
+
+class LoopbackExchanger:
+    """Runs the FFN role model in the attention role's process, one layer per call."""
+
+    def __init__(self, ffn_model: Any, ffn_config: Any) -> None:
+        self.ffn_model = ffn_model
+        self.ffn_config = ffn_config
+        self.calls: list[tuple[int, int, bool]] = []
+
+    def exchange(self, hidden: Any, router_logits: Any, layer: int) -> Any:
+        from vllm.forward_context import set_forward_context
+
+        self.calls.append((layer, hidden.shape[0], router_logits is not None))
+        with set_forward_context(None, self.ffn_config):
+            return self.ffn_model.afd_compute_ffn(layer, hidden, router_logits)
+
+
+def _engine_kwargs(model: Path, *, compiled: bool) -> dict[str, Any]:
+    return {
+        "model": str(model),
+        "tokenizer": str(model),
+        "dtype": "bfloat16",
+        "max_model_len": 256,
+        "max_num_seqs": 8,
+        "kv_cache_memory_bytes": KV_CACHE_BYTES,
+        "seed": 0,
+        "enforce_eager": not compiled,
+    }
+
+
+def _afd(role: str, gate_on_attention: bool) -> dict[str, Any]:
+    return {
+        "afd": {
+            "role": role,
+            "connector": CONNECTOR,
+            "compute_gate_on_attention": gate_on_attention,
+        }
+    }
+
+
+def _generate(model: Path, additional_config: dict[str, Any], compiled: bool) -> dict[str, Any]:
+    """Greedy tokens and top-2 logprobs of an in-process engine, and its model's params."""
+    from vllm import LLM, SamplingParams
+
+    from afd_models.tiny.specs import PROMPTS
+
+    llm = LLM(**_engine_kwargs(model, compiled=compiled), additional_config=additional_config)
+    _ENGINES.append(llm)
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, logprobs=2, ignore_eos=True)
+    outputs = llm.generate(list(PROMPTS), params, use_tqdm=False)
+
+    def describe(worker: Any) -> dict[str, Any]:
+        model = worker.model_runner.model
+        return {
+            "class": type(model).__name__,
+            "params": {n: list(p.shape) for n, p in model.named_parameters()},
+        }
+
+    run = llm.collective_rpc(describe)[0]
+    run["tokens"] = [list(o.outputs[0].token_ids) for o in outputs]
+    run["logprobs"] = [
+        [sorted((tok, lp.logprob) for tok, lp in step.items()) for step in o.outputs[0].logprobs]
+        for o in outputs
+    ]
+    return run
+
+
+def _config(model: Path, additional_config: dict[str, Any]) -> Any:
+    """The VllmConfig an eager engine for ``model`` would get."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    kwargs = _engine_kwargs(model, compiled=False)
+    return EngineArgs(**kwargs, additional_config=additional_config).create_engine_config()
+
+
+def _build(model: Path, additional_config: dict[str, Any]) -> tuple[Any, Any, set[str]]:
+    """A model built and loaded the way vLLM's default loader does, plus the names its
+    ``load_weights`` reports; returns (model, vllm_config, loaded names)."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader import get_model_loader
+    from vllm.model_executor.model_loader.utils import (
+        initialize_model,
+        process_weights_after_loading,
+    )
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    config = _config(model, additional_config)
+    loader = get_model_loader(config.load_config)
+    cpu = torch.device("cpu")
+    with set_current_vllm_config(config), set_default_torch_dtype(config.model_config.dtype):
+        with cpu:
+            built = initialize_model(vllm_config=config)
+        loaded = built.load_weights(loader.get_all_weights(config.model_config, built))
+        process_weights_after_loading(built, config.model_config, cpu)
+    return built.eval(), config, set(loaded)
+
+
+def run_child(model_dir: Path, work_dir: Path, compiled: bool) -> dict[str, Any]:
+    """Every run of one model (see the module docstring); compiled: only the attention
+    role with the gate on attention, compiled by vLLM (the FFN role runs eagerly)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+    from vllm.model_executor.models import ModelRegistry
+
+    from afd_core.specs import load_target
+    from afd_models.hooks import afd_models
+
+    # vLLM's parallel groups (world size 1), as an engine's worker creates them: the FFN
+    # role models are built outside any engine; the engines reuse these groups.
+    with set_current_vllm_config(_config(model_dir, {})):
+        init_distributed_environment(1, 0, f"file://{work_dir / 'dist-init'}", 0, "gloo")
+        ensure_model_parallel_initialized(1, 1)
+    wrappers = {spec.architecture: load_target(spec.target) for spec in afd_models()}
+    # Registering classes, not "module:Class" strings, makes vLLM inspect them in this
+    # process instead of a subprocess (about 12 s per class with a cold cache). First the
+    # stock class each wrapper subclasses, under its own name.
+    for architecture, wrapper in wrappers.items():
+        stock = next(c for c in wrapper.__mro__ if c.__module__.startswith("vllm."))
+        assert stock.__name__ == architecture, (wrapper, stock)
+        ModelRegistry.register_model(architecture, stock)
+    report: dict[str, Any] = {}
+    if not compiled:
+        report["stock"] = _generate(model_dir, {}, compiled)
+    # vLLM caches the resolved class per model path: the wrapper runs use another path.
+    wrapped = work_dir / "wrapped"
+    wrapped.symlink_to(model_dir.resolve(), target_is_directory=True)
+    for architecture, wrapper in wrappers.items():
+        ModelRegistry.register_model(architecture, wrapper)
+    if not compiled:
+        report["wrapper_off"] = _generate(wrapped, {}, compiled)
+    for placement in ("gate_on_attention",) if compiled else GATE_PLACEMENTS:
+        report[placement] = _loopback_run(wrapped, placement == "gate_on_attention", compiled)
+    return report
+
+
+def _loopback_run(model: Path, gate_on_attention: bool, compiled: bool) -> dict[str, Any]:
+    """The attention role generating through a loopback exchanger to an FFN role model."""
+    from dataclasses import asdict
+
+    from afd_models.exchange_op import set_exchanger
+
+    ffn, ffn_config, ffn_loaded = _build(model, _afd("ffn", gate_on_attention))
+    attention, _, attention_loaded = _build(model, _afd("attention", gate_on_attention))
+    exchanger = LoopbackExchanger(ffn, ffn_config)
+    set_exchanger(exchanger)
+    try:
+        run = _generate(model, _afd("attention", gate_on_attention), compiled)
+    finally:
+        set_exchanger(None)
+    run.update(
+        exchange_calls=exchanger.calls,
+        attention_loaded=sorted(attention_loaded),
+        attention_wire=asdict(attention.afd_wire_spec()),
+        attention_layers=list(attention.afd_exchange_layers()),
+        ffn_class=type(ffn).__name__,
+        ffn_params={n: list(p.shape) for n, p in ffn.named_parameters()},
+        ffn_loaded=sorted(ffn_loaded),
+        ffn_wire=asdict(ffn.afd_wire_spec()),
+        ffn_layers=list(ffn.afd_exchange_layers()),
+    )
+    return run
+
+
+if __name__ == "__main__":
+    model_dir, work_dir, out = (Path(arg) for arg in sys.argv[1:4])
+    out.write_text(json.dumps(run_child(model_dir, work_dir, "--compiled" in sys.argv[4:])))

@@ -1,0 +1,169 @@
+"""The local launcher without vLLM: server command lines and environments, the AFD
+settings of each server of a deployment, and stopping a whole process tree.
+
+The process tests start small Python stand-ins instead of vLLM (Linux ``/proc`` needed).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from afd_core.errors import AFDConfigError
+from afd_core.launch import DeploymentSpec, ServerError, ServerSpec, VllmServer, free_ports
+from afd_core.launch.processes import kill_session, session_processes, started_sessions
+from tests.unit.core.fake_connectors import CONNECTORS
+
+needs_proc = pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux /proc")
+
+
+@pytest.fixture(autouse=True)
+def fake_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = types.ModuleType("afd_core.registry")
+    registry.get_registry = lambda: SimpleNamespace(connectors=CONNECTORS)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "afd_core.registry", registry)
+
+
+def _flag(cmd: list[str], name: str) -> str:
+    return cmd[cmd.index(name) + 1]
+
+
+def test_server_command_runs_the_openai_api_server_with_the_cpu_settings():
+    spec = ServerSpec(name="s", model=Path("/models/tiny-qwen3-moe"), port=8123)
+    cmd = spec.command(python="/py")
+    assert cmd[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"]
+    assert _flag(cmd, "--model") == "/models/tiny-qwen3-moe"
+    assert _flag(cmd, "--served-model-name") == "tiny-qwen3-moe"
+    assert (_flag(cmd, "--host"), _flag(cmd, "--port")) == ("127.0.0.1", "8123")
+    assert _flag(cmd, "--kv-cache-memory-bytes") == str(64 * 1024 * 1024)
+    assert (_flag(cmd, "--dtype"), _flag(cmd, "--seed")) == ("bfloat16", "0")
+    assert "--enforce-eager" in cmd
+    assert "--additional-config" not in cmd
+
+
+def test_server_command_carries_the_additional_config_as_json_and_extra_args_last():
+    spec = ServerSpec(
+        name="s",
+        model=Path("/m"),
+        port=1,
+        enforce_eager=False,
+        additional_config={"afd": {"role": "ffn", "port": 29600}},
+        extra_args=("--max-logprobs", "9"),
+    )
+    cmd = spec.command()
+    assert json.loads(_flag(cmd, "--additional-config")) == {"afd": {"role": "ffn", "port": 29600}}
+    assert "--enforce-eager" not in cmd
+    assert cmd[-2:] == ["--max-logprobs", "9"]
+
+
+def test_server_environment_is_offline_private_tmp_shared_cache_and_keeps_user_binding():
+    spec = ServerSpec(name="s", model=Path("/m"), port=1)
+    base = {"PATH": "/bin", "VLLM_CPU_OMP_THREADS_BIND": "0", "TMPDIR": "/elsewhere"}
+    env = spec.environment(base, Path("/t/s"), Path("/cache"))
+    assert env["PATH"] == "/bin"
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    assert (env["TMPDIR"], env["VLLM_CACHE_ROOT"]) == ("/t/s", "/cache")
+    assert env["HF_HUB_OFFLINE"] == env["VLLM_NO_USAGE_STATS"] == env["DO_NOT_TRACK"] == "1"
+    assert "VLLM_SERVER_DEV_MODE" not in env
+    assert spec.environment({}, Path("/t"), Path("/c"))["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+
+
+def test_dev_mode_server_serves_collective_rpc():
+    spec = ServerSpec(name="s", model=Path("/m"), port=1, dev_mode=True)
+    assert spec.environment({}, Path("/t"), Path("/c"))["VLLM_SERVER_DEV_MODE"] == "1"
+
+
+def test_two_attention_one_ffn_gives_each_server_its_role_rank_and_the_shared_topology():
+    spec = DeploymentSpec(
+        model=Path("/m"), num_attention_ranks=2, connector="FakeP2P", compute_gate_on_attention=True
+    )
+    servers = spec.server_specs(
+        connector_port=29700, attention_ports=[9000, 9001], ffn_ports=[9100]
+    )
+    assert [s.name for s in servers] == ["ffn-0", "attention-0", "attention-1"]
+    assert [s.port for s in servers] == [9100, 9000, 9001]
+    assert [s.dev_mode for s in servers] == [True, False, False]
+    afd = [s.additional_config["afd"] for s in servers]
+    assert [(a["role"], a["role_rank"]) for a in afd] == [
+        ("ffn", 0),
+        ("attention", 0),
+        ("attention", 1),
+    ]
+    for settings in afd:
+        assert settings["port"] == 29700
+        assert (settings["num_attention_ranks"], settings["num_ffn_ranks"]) == (2, 1)
+        assert settings["compute_gate_on_attention"] is True
+
+
+def test_invalid_deployment_is_rejected_before_any_server_exists():
+    spec = DeploymentSpec(
+        model=Path("/m"), num_attention_ranks=1, num_ffn_ranks=2, connector="FakeP2P"
+    )
+    with pytest.raises(AFDConfigError, match="num_attention_ranks"):
+        spec.server_specs(29700, attention_ports=[9000], ffn_ports=[9100, 9101])
+
+
+def test_free_ports_are_distinct():
+    ports = free_ports(5)
+    assert len(set(ports)) == 5 and all(0 < p < 65536 for p in ports)
+
+
+# A stand-in server: a child that ignores SIGTERM and keeps running, like a stuck worker.
+_STUBBORN_TREE = (
+    "import signal, subprocess, sys, time\n"
+    "child = subprocess.Popen([sys.executable, '-c', "
+    "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)'])\n"
+    "print('child', child.pid, flush=True)\n"
+    "time.sleep(300)\n"
+)
+
+
+def _fake_server(monkeypatch, tmp_path: Path, script: str) -> VllmServer:
+    monkeypatch.setattr(
+        ServerSpec, "command", lambda self, python=sys.executable: [python, "-c", script]
+    )
+    return VllmServer(ServerSpec(name="fake", model=tmp_path, port=1), tmp_path / "logs")
+
+
+@needs_proc
+def test_stop_ends_a_child_that_ignores_sigterm_and_removes_the_tmpdir(monkeypatch, tmp_path):
+    server = _fake_server(monkeypatch, tmp_path, _STUBBORN_TREE)
+    server.start()
+    deadline = time.monotonic() + 30
+    while len(server.leftover_pids()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(server.leftover_pids()) == 2
+    assert server.pid in started_sessions()
+    status = server.stop(grace_s=0.5)
+    assert status == -signal.SIGTERM
+    assert server.leftover_pids() == []
+    assert server.tmp_dir is not None and not server.tmp_dir.exists()
+
+
+@needs_proc
+def test_a_server_that_exits_is_reported_with_its_log_tail(monkeypatch, tmp_path):
+    server = _fake_server(monkeypatch, tmp_path, "print('model too large'); raise SystemExit(3)")
+    server.start()
+    with pytest.raises(ServerError, match=r"(?s)exited with status 3.*model too large"):
+        server.wait_healthy(time.monotonic() + 30)
+    server.stop()
+
+
+@needs_proc
+def test_kill_session_ends_every_member_of_the_session():
+    proc = subprocess.Popen([sys.executable, "-c", _STUBBORN_TREE], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while len(session_processes(proc.pid)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    killed = kill_session(proc.pid)
+    proc.wait(timeout=10)
+    assert len(killed) == 2 and proc.pid in killed
+    assert session_processes(proc.pid) == []
