@@ -5,7 +5,8 @@
 * :class:`MonolithicServers`: plain vLLM servers (no AFD) per (model, eager), started on
   first use and reused until :meth:`MonolithicServers.stop_all`.
 * :func:`complete`: greedy completions through the official ``openai`` client, with the
-  token ids and the top-5 logprobs of every generated token.
+  token ids and the top-5 logprobs of every generated token;
+  :func:`first_mismatch` compares two runs of them.
 * :func:`leftover_processes`: processes of launched servers that are still alive.
 
 Every wait is bounded: server start by :data:`SERVER_START_TIMEOUT_S`, requests by
@@ -14,6 +15,7 @@ Every wait is bounded: server start by :data:`SERVER_START_TIMEOUT_S`, requests 
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -30,6 +32,9 @@ SERVER_START_TIMEOUT_S = 180.0
 REQUEST_TIMEOUT_S = 120.0
 TINY_MODEL_BUILD_TIMEOUT_S = 300.0
 TOP_LOGPROBS = 5
+#: Relative tolerance of at least two bf16 ulps (an ulp is 2**-8..2**-7 of a value), for
+#: logprobs of runs whose step batches may differ.
+BF16_RTOL = 2.0**-6
 _TOKEN_ID_PREFIX = "token_id:"
 
 
@@ -111,6 +116,50 @@ def complete(
         )
     choices = sorted(response.choices, key=lambda c: c.index)
     return [_completion(choice) for choice in choices]
+
+
+def first_mismatch(
+    expected: Sequence[Completion],
+    actual: Sequence[Completion],
+    atol: float = 0.0,
+    rtol: float = 0.0,
+) -> str | None:
+    """Where ``actual`` departs from ``expected``, or None when they agree.
+
+    Token ids must be identical. At every position the sorted top logprob values must
+    agree within ``atol + rtol * |value|``, and so must the logprob of every candidate
+    clearly inside the top list (above its last value by more than that tolerance):
+    candidates level with the last place are interchangeable. vLLM's logits are bf16, so
+    any change in the batching of a step can move a logprob by an ulp or two (2**-8
+    relative each); :data:`BF16_RTOL` allows for that.
+    """
+    if len(expected) != len(actual):
+        return f"{len(expected)} completions expected, got {len(actual)}"
+    for i, (want, got) in enumerate(zip(expected, actual, strict=True)):
+        if want.token_ids != got.token_ids:
+            return f"prompt {i}: tokens {want.token_ids} expected, got {got.token_ids}"
+        for pos, (x, y) in enumerate(zip(want.top_logprobs, got.top_logprobs, strict=True)):
+            problem = _logprobs_mismatch(x, y, atol, rtol)
+            if problem:
+                return f"prompt {i}, generated token {pos}: {problem}: {dict(x)} vs {dict(y)}"
+    return None
+
+
+def _logprobs_mismatch(
+    x: Mapping[int, float], y: Mapping[int, float], atol: float, rtol: float
+) -> str:
+    def close(a: float, b: float) -> bool:
+        return abs(a - b) <= atol + rtol * max(abs(a), abs(b))
+
+    xs, ys = sorted(x.values(), reverse=True), sorted(y.values(), reverse=True)
+    if len(xs) != len(ys) or not all(close(a, b) for a, b in zip(xs, ys, strict=True)):
+        return f"top logprob values differ by more than atol={atol}, rtol={rtol}"
+    for one, other in ((x, y), (y, x)):
+        last = min(one.values())
+        for token, logprob in one.items():
+            if not close(logprob, last) and not close(other.get(token, -math.inf), logprob):
+                return f"the logprob of token {token} differs"
+    return ""
 
 
 def _completion(choice: object) -> Completion:

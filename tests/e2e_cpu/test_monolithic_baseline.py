@@ -1,9 +1,11 @@
 """Plain vLLM (AFD off) serves the tiny models sharply and deterministically.
 
-The reference every AFD test compares against: the same batch of prompts gives the same
-tokens and logprobs twice, every greedy choice wins by a wide logprob margin (so AFD's
-different batching cannot flip a token through rounding), and vLLM's tokens are those the
-generator recorded from Hugging Face in fp32.
+The reference every AFD test compares against: the same prompts give the same tokens
+twice and logprobs equal up to bf16 rounding (the prompts of one request reach the engine
+as separate requests, so a step's batch can differ from call to call, and with it the
+last bits of the bf16 logits); every greedy choice wins by a wide logprob margin (so
+AFD's different batching cannot flip a token through rounding); and vLLM's tokens are
+those the generator recorded from Hugging Face in fp32.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import pytest
 
 from afd_models.tiny.generate import read_report
 from afd_models.tiny.specs import MEASURED_TOKENS, MIN_GAP_NATS, PROMPTS, TINY_MODELS
-from tests.e2e_cpu.harness import MonolithicServers, complete
+from tests.e2e_cpu.harness import BF16_RTOL, MonolithicServers, complete, first_mismatch
 
 pytest.importorskip("vllm")
 pytest.importorskip("openai")
@@ -34,13 +36,12 @@ def endpoint(
     return monolithic_servers.get(model).url, model
 
 
-def test_same_batch_twice_gives_identical_tokens_and_logprobs(endpoint: tuple[str, Path]):
+def test_repeated_request_gives_same_tokens_and_bf16_close_logprobs(endpoint: tuple[str, Path]):
     url, _ = endpoint
     first = complete(url, PROMPTS, MAX_TOKENS)
     second = complete(url, PROMPTS, MAX_TOKENS)
-    assert [c.token_ids for c in first] == [c.token_ids for c in second]
-    assert [c.top_logprobs for c in first] == [c.top_logprobs for c in second]
     assert all(len(c.token_ids) == MAX_TOKENS for c in first)
+    assert first_mismatch(first, second, atol=1e-3, rtol=BF16_RTOL) is None
 
 
 def test_every_greedy_choice_wins_by_a_wide_logprob_margin(endpoint: tuple[str, Path]):
