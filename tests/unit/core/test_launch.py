@@ -103,6 +103,20 @@ def test_two_attention_one_ffn_gives_each_server_its_role_rank_and_the_shared_to
         assert settings["compute_gate_on_attention"] is True
 
 
+def test_extra_args_and_env_reach_every_server_of_the_deployment():
+    spec = DeploymentSpec(
+        model=Path("/m"),
+        connector="FakeP2P",
+        extra_args=("--gpu-memory-utilization", "0.2"),
+        extra_env={"VLLM_USE_V2_MODEL_RUNNER": "0"},
+    )
+    servers = spec.server_specs(29700, attention_ports=[9000], ffn_ports=[9100])
+    for server in servers:
+        assert server.command()[-2:] == ["--gpu-memory-utilization", "0.2"]
+        env = server.environment({"VLLM_USE_V2_MODEL_RUNNER": "1"}, Path("/t"), Path("/c"))
+        assert env["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+
+
 def test_invalid_deployment_is_rejected_before_any_server_exists():
     spec = DeploymentSpec(
         model=Path("/m"), num_attention_ranks=1, num_ffn_ranks=2, connector="FakeP2P"

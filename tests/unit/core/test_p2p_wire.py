@@ -33,6 +33,8 @@ GATE = WireSpec(
     router_logits_width=16,
     router_logits_dtype="bfloat16",
 )
+# DeepSeek-like: layer 0 has a dense MLP (no router), layer 1 is sparse.
+DENSE_FIRST = replace(GATE, dense_layers=(0,))
 
 
 def payload(rank: int, step: int, *counts: int, first: int | None = None) -> ControlPayload:
@@ -63,11 +65,18 @@ def test_frames_of_wrong_size_or_impossible_length_are_rejected():
         decode_control_frame(frame[:8] + b"XXXX" + frame[12:])
 
 
-@pytest.mark.parametrize("wire", [WIRE, GATE])
-def test_packed_headers_equal_the_encoded_dataclasses(wire):
+@pytest.mark.parametrize("wire", [WIRE, GATE, DENSE_FIRST])
+@pytest.mark.parametrize("layer", [0, 1])
+def test_packed_headers_equal_the_encoded_dataclasses(wire, layer):
     packer = HeaderPacker(wire)
-    assert packer.a2f(7, 3, 1, 12, 2) == a2f_header(7, 3, 1, 12, 2, wire).encode()
-    assert packer.f2a(7, 3, 1, 12, 0) == f2a_header(7, 3, 1, 12, 0, wire).encode()
+    assert packer.a2f(7, layer, 1, 12, 2) == a2f_header(7, layer, 1, 12, 2, wire).encode()
+    assert packer.f2a(7, layer, 1, 12, 0) == f2a_header(7, layer, 1, 12, 0, wire).encode()
+
+
+def test_dense_layers_carry_no_router_logits_even_with_the_gate_on_attention():
+    assert a2f_header(0, 0, 0, 4, 0, DENSE_FIRST).logits_width == 0
+    assert a2f_header(0, 1, 0, 4, 0, DENSE_FIRST).logits_width == 16
+    assert [DENSE_FIRST.logits_width_at(layer) for layer in (0, 1)] == [0, 16]
 
 
 def test_with_layer_equals_replace_and_leaves_the_template_alone():

@@ -30,9 +30,14 @@ class FakeTensor:
     shape: tuple[int, ...]
     dtype: str = "torch.bfloat16"
     tag: int = field(default_factory=lambda: next(_ids))
+    device: str = "cpu"
 
     def contiguous(self) -> FakeTensor:
         return self
+
+    def to(self, device: str) -> FakeTensor:
+        """Itself on ``device``; a new tensor (a copy) when it lives elsewhere."""
+        return self if device == self.device else FakeTensor(self.shape, self.dtype, device=device)
 
 
 def new_fake_output(hidden: FakeTensor) -> FakeTensor:

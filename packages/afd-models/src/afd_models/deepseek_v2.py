@@ -74,6 +74,9 @@ def _wire_spec(vllm_config: VllmConfig, afd: AFDConfig) -> WireSpec:
         gate_on_attention=afd.compute_gate_on_attention,
         # DeepseekV2MoE's gate returns router_dtype, or the model dtype when unset.
         router_logits_dtype=_get_moe_router_dtype(config) or vllm_config.model_config.dtype,
+        dense_layers=tuple(
+            layer for layer in range(config.num_hidden_layers) if not _is_moe_layer(config, layer)
+        ),
     )
 
 

@@ -64,6 +64,9 @@ def _wire_spec(vllm_config: VllmConfig, afd: AFDConfig) -> WireSpec:
         gate_on_attention=afd.compute_gate_on_attention,
         # GateLinear without out_dtype returns the model dtype.
         router_logits_dtype=vllm_config.model_config.dtype,
+        dense_layers=tuple(
+            layer for layer in range(config.num_hidden_layers) if not _is_moe_layer(config, layer)
+        ),
     )
 
 

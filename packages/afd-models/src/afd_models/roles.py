@@ -135,10 +135,12 @@ def make_wire_spec(
     num_experts: int,
     gate_on_attention: bool,
     router_logits_dtype: torch.dtype,
+    dense_layers: tuple[int, ...] = (),
 ) -> WireSpec:
     """The :class:`WireSpec` of a checkpoint; both roles compute the same value.
 
-    ``router_logits_width`` is ``num_experts`` when the gate runs on attention, else 0.
+    ``router_logits_width`` is ``num_experts`` when the gate runs on attention, else 0;
+    ``dense_layers`` are the layers without a router (their messages carry no logits).
     """
     model_config = vllm_config.model_config
     hf_config = model_config.hf_text_config
@@ -154,6 +156,7 @@ def make_wire_spec(
         router_logits_width=num_experts if gate_on_attention else 0,
         router_logits_dtype=dtype_name(router_logits_dtype),
         model_fingerprint=fingerprint,
+        dense_layers=dense_layers,
     )
 
 

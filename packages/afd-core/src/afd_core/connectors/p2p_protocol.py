@@ -324,7 +324,7 @@ class P2pProtocolConnector(Connector):
         if self._closed.is_set() or self._failure is not None or self._torch is None:
             self._raise_unusable()
         wire, announced, stage = self.wire, self._announced, header.stage
-        width = wire.router_logits_width
+        width = wire.logits_width_at(header.layer)
         if (
             announced is None
             or header.step_id != announced[0]
@@ -343,9 +343,10 @@ class P2pProtocolConnector(Connector):
             self._reject_rows("hidden", hidden, n, wire.hidden_size, self._dtype)
         if (router_logits is None) != (width == 0):
             raise AFDProtocolError(
-                f"AFD: router_logits {'missing' if router_logits is None else 'given'} but "
-                f"the wire spec has router_logits_width={width}; compute_gate_on_attention "
-                "decides whether the attention role sends router logits"
+                f"AFD: router_logits {'missing' if router_logits is None else 'given'} for "
+                f"layer {header.layer}, whose wire spec has {width} router-logit columns; "
+                "compute_gate_on_attention decides whether the attention role sends router "
+                "logits, and dense layers never do"
             )
         if router_logits is not None and (
             router_logits.shape != (n, width) or router_logits.dtype != self._logits_dtype
@@ -358,7 +359,7 @@ class P2pProtocolConnector(Connector):
             )
         key, reply_key = ("a2f", stage), ("f2a", stage)
         slot = self._slots.get(key)
-        if slot is None or slot.rows != n:
+        if slot is None or slot.rows != n or (slot.logits_nbytes > 0) != (width > 0):
             slot = self._buffers.slot(key, n, width > 0)
         reply = self._slots.get(reply_key)
         if reply is None or reply.rows != n:
@@ -484,7 +485,7 @@ class P2pProtocolConnector(Connector):
             raise AFDProtocolError(
                 f"AFD: stage {stage} is outside the step's {step.num_stages} stage(s)"
             )
-        with_logits = self.wire.router_logits_width > 0
+        with_logits = self.wire.logits_width_at(layer) > 0
         entries = self._block_plan(step, stage)
         deadline = time.monotonic() + self._timeout_s
         slots = []
@@ -492,7 +493,11 @@ class P2pProtocolConnector(Connector):
             posted = []
             for entry in entries:
                 slot = self._slots.get(entry.recv_key)
-                if slot is None or slot.rows != entry.rows:
+                if (
+                    slot is None
+                    or slot.rows != entry.rows
+                    or (slot.logits_nbytes > 0) != with_logits
+                ):
                     slot = self._buffers.slot(entry.recv_key, entry.rows, with_logits)
                 slots.append(slot)
                 posted.append(self._post_recv(slot.buf, entry.peer, TAG_A2F))

@@ -95,7 +95,7 @@ def a2f_header(
     step_id: int, layer: int, stage: int, num_tokens: int, attention_rank: int, wire: WireSpec
 ) -> TransferHeader:
     """The header of the message ``attention_rank`` sends for this layer and stage."""
-    width = wire.router_logits_width
+    width = wire.logits_width_at(layer)
     return TransferHeader(
         direction="a2f",
         step_id=step_id,
@@ -163,6 +163,7 @@ class HeaderPacker:
         self._hidden = wire.hidden_size
         self._a2f_logits = (width, logits_code)
         self._f2a_logits = (0, WIRE_DTYPES["float32"])
+        self._dense_layers = frozenset(wire.dense_layers)
 
     def a2f(self, step_id: int, layer: int, stage: int, num_tokens: int, rank: int) -> bytes:
         """Bytes of :func:`a2f_header` for these values."""
@@ -176,7 +177,7 @@ class HeaderPacker:
                 num_tokens,
                 self._hidden,
                 rank,
-                *self._a2f_logits,
+                *(self._f2a_logits if layer in self._dense_layers else self._a2f_logits),
             )
             + _PAD
         )

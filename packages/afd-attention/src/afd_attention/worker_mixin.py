@@ -1,0 +1,42 @@
+"""What every attention-role worker adds to vLLM's worker of its platform.
+
+Mix :class:`AttentionWorkerMixin` in front of a vLLM worker class (``CPUWorker``,
+``gpu_worker.Worker``) whose ``model_runner`` is an AFD attention runner
+(:mod:`afd_attention.runner`):
+
+* ``load_model`` loads the model, then opens the
+  :class:`~afd_attention.session.AttentionSession` (rendezvous with FFN, step driver
+  installed as the model's exchanger), bounded by the AFD timeout;
+* ``shutdown`` closes the session (waking any blocked exchange) before vLLM's own
+  shutdown.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from afd_attention.session import AttentionSession
+
+
+class AttentionWorkerMixin:
+    """Opens the AFD session after the model loads and closes it at shutdown."""
+
+    _afd_session: AttentionSession | None = None
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        """Load the model, then connect to FFN (bounded by the AFD timeout)."""
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        super().load_model(*args, **kwargs)  # type: ignore[misc]
+        self._afd_session = AttentionSession.open(
+            self.vllm_config,  # type: ignore[attr-defined]
+            self.model_runner,  # type: ignore[attr-defined]
+            get_tensor_model_parallel_rank(),
+        )
+
+    def shutdown(self) -> None:
+        """Close the AFD connector (waking any blocked exchange), then shut down vLLM's."""
+        session, self._afd_session = self._afd_session, None
+        if session is not None:
+            session.close()
+        super().shutdown()  # type: ignore[misc]

@@ -1,0 +1,103 @@
+"""What every FFN-role worker adds to vLLM's worker of its platform.
+
+Mix :class:`FFNWorkerMixin` in front of a vLLM worker class (``CPUWorker``,
+``gpu_worker.Worker``) to turn it into a host for the :class:`~afd_ffn.server.FFNServer`:
+
+* no KV cache (``get_kv_cache_spec`` is empty; AFD turns prefix caching off for this
+  role, which vLLM needs for a cache without groups);
+* ``compile_or_warm_up_model``, vLLM's last startup call, runs no forward (there is no
+  scheduler-driven forward on this role) and starts the FFN server thread on the
+  worker's device, so the API server becomes healthy while the thread waits for the
+  attention ranks;
+* ``execute_model``, ``sample_tokens`` and ``execute_dummy_batch`` refuse: requests
+  belong to the attention role's server;
+* ``afd_stats`` (through ``collective_rpc``) reports the server's counters and
+  ``check_health`` re-raises its failure.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, NoReturn
+
+from vllm.distributed import get_tensor_model_parallel_rank
+from vllm.utils.torch_utils import set_random_seed
+from vllm.v1.worker.worker_base import CompilationTimes
+
+from afd_core.errors import AFDError
+from afd_ffn.server import FFNServer, open_ffn_server
+
+# A child of vLLM's logger, so vLLM's logging config (handler, level, format) applies.
+logger = logging.getLogger(f"vllm.{__name__}")
+
+#: Seconds ``shutdown`` waits for the server thread after closing the connector.
+STOP_TIMEOUT_S = 5.0
+
+
+class FFNWorkerMixin:
+    """Runs the FFN server in a vLLM worker instead of scheduler-driven forwards."""
+
+    _afd_server: FFNServer | None = None
+
+    def get_kv_cache_spec(self) -> dict[str, Any]:
+        """No KV cache: the FFN role runs no attention."""
+        return {}
+
+    def determine_available_memory(self) -> int:
+        """No KV cache memory (vLLM skips this call for an empty KV cache spec)."""
+        return 0
+
+    def compile_or_warm_up_model(self) -> CompilationTimes:
+        """Start the FFN server instead of warming up (nothing here runs a full forward)."""
+        set_random_seed(self.model_config.seed)  # type: ignore[attr-defined]
+        if self._afd_server is None:
+            self._afd_server = open_ffn_server(
+                self.vllm_config,  # type: ignore[attr-defined]
+                self.model_runner.get_model(),  # type: ignore[attr-defined]
+                get_tensor_model_parallel_rank(),
+                device=self.device,  # type: ignore[attr-defined]
+            )
+        return CompilationTimes(language_model=0.0, encoder=0.0)
+
+    def execute_model(self, scheduler_output: Any) -> NoReturn:
+        """Refuse: the FFN role serves no requests."""
+        _refuse_requests()
+
+    def sample_tokens(self, grammar_output: Any) -> NoReturn:
+        """Refuse: the FFN role serves no requests."""
+        _refuse_requests()
+
+    def execute_dummy_batch(self) -> NoReturn:
+        """Refuse: the FFN role serves no requests."""
+        _refuse_requests()
+
+    def check_health(self) -> None:
+        """Raise the FFN server's failure, if it failed."""
+        server = self._afd_server
+        if server is not None and server.error is not None:
+            raise AFDError(f"AFD FFN server failed: {server.error}") from server.error
+
+    def afd_stats(self) -> dict[str, int]:
+        """The FFN server's counters: ``steps``, ``layer_exchanges`` and ``tokens``."""
+        server = self._afd_server
+        if server is None:
+            raise AFDError("AFD FFN: the FFN server has not started yet (model still loading)")
+        return server.stats.as_dict()
+
+    def shutdown(self) -> None:
+        """Stop the FFN server (bounded), then shut down vLLM's worker."""
+        server, self._afd_server = self._afd_server, None
+        if server is not None and not server.stop(STOP_TIMEOUT_S):
+            logger.warning(
+                "AFD FFN: the server thread did not stop within %.0f s; shutting down anyway "
+                "(it is a daemon thread and ends with the process)",
+                STOP_TIMEOUT_S,
+            )
+        super().shutdown()  # type: ignore[misc]
+
+
+def _refuse_requests() -> NoReturn:
+    raise AFDError(
+        "AFD: this server runs the FFN role of an AFD deployment and does not serve "
+        "requests; send requests to the attention role's server"
+    )
