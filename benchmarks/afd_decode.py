@@ -79,15 +79,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"decode time per output token (ms) of {model.name} ({layers} layers, hidden "
         f"{hidden}, eager), median of {args.repeats} streaming requests of B prompts x "
-        f"{args.max_tokens} tokens; min in brackets"
+        f"{args.max_tokens} tokens, and the fastest of them (least disturbed by other load)"
     )
-    print(f"{'B':>3} | {'monolithic':>16} | {'AFD 1A1F':>16} | {'AFD/mono':>8} | {'AFD-mono':>8}")
+    print(
+        f"{'B':>3} | {'mono med':>8} {'AFD med':>8} {'ratio':>5} {'AFD-mono':>8} | "
+        f"{'mono min':>8} {'AFD min':>8} {'ratio':>5}"
+    )
     for batch in BATCHES:
         mono, afd = per_token[("monolithic", batch)], per_token[("afd", batch)]
         m, a = statistics.median(mono), statistics.median(afd)
         print(
-            f"{batch:>3} | {m:>7.2f} ({min(mono):>6.2f}) | {a:>7.2f} ({min(afd):>6.2f}) | "
-            f"{a / m:>8.2f} | {a - m:>8.2f}"
+            f"{batch:>3} | {m:>8.2f} {a:>8.2f} {a / m:>5.2f} {a - m:>8.2f} | "
+            f"{min(mono):>8.2f} {min(afd):>8.2f} {min(afd) / min(mono):>5.2f}"
         )
     print()
     print(format_table(round_trips, args.rounds))

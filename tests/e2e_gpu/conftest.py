@@ -1,0 +1,70 @@
+"""Fixtures of the CUDA end-to-end tests: real vLLM servers on a GPU, tiny models.
+
+Every test here needs a CUDA device and skips without one. On the lent H200 machines the
+pure-Python vLLM of the gpu-harness only runs with the engine arguments of its
+``settings.py``: when ``$GPU_HARNESS_SETTINGS`` names that file, its ``HARNESS_CLI_ARGS``
+go to every server (monolithic and AFD alike); on an ordinary CUDA install nothing is
+added. All servers of a session share one GPU when there is only one, so each claims a
+small share of its memory (see ``gpu_settings.py``).
+
+Helpers come from the CPU suite (``tests/e2e_cpu/harness.py``): model building,
+monolithic servers, completions and the leak check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from afd_core.launch.processes import kill_session
+from tests.e2e_cpu.harness import MonolithicServers, build_tiny_models, leftover_processes
+from tests.e2e_gpu.gpu_settings import cuda_device_count, server_args
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow: starts real vLLM servers on a GPU")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if cuda_device_count() > 0:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in items:
+        if "e2e_gpu" in item.nodeid:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Directory of the tiny checkpoints (``$AFD_TINY_MODELS`` or built once)."""
+    return build_tiny_models(tmp_path_factory.mktemp("tiny-models"))
+
+
+@pytest.fixture(scope="session")
+def vllm_cache_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``VLLM_CACHE_ROOT`` shared by every server of the session."""
+    return tmp_path_factory.mktemp("vllm-cache")
+
+
+@pytest.fixture(scope="session")
+def monolithic_servers(
+    tmp_path_factory: pytest.TempPathFactory, vllm_cache_root: Path
+) -> Iterator[MonolithicServers]:
+    """Plain vLLM servers per (model, eager, runner), reused by every module."""
+    servers = MonolithicServers(
+        tmp_path_factory.mktemp("monolithic-logs"), vllm_cache_root, extra_args=server_args()
+    )
+    yield servers
+    servers.stop_all()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_leaked_processes(monolithic_servers: MonolithicServers) -> Iterator[None]:
+    """Fail the module if a server it launched outlives it (and kill what is left)."""
+    yield
+    leaked = leftover_processes(keep=monolithic_servers.sessions)
+    for sid in leaked:
+        kill_session(sid)
+    assert not leaked, f"processes of launched servers still running: {leaked}"

@@ -1,0 +1,121 @@
+"""AFD on CUDA serves what monolithic vLLM serves: same greedy tokens, close logprobs.
+
+Each case starts a 1A1F AFD deployment (FFN and attention vLLM servers with the CUDA role
+workers that ``worker_cls="auto"`` resolves to) and compares what the official ``openai``
+client gets from the attention server with what it gets from a plain vLLM server of the
+same tiny Qwen3-MoE under the same model runner. Coverage: gate on FFN and on attention,
+Model Runner V2 (vLLM's CUDA default) and V1 (``VLLM_USE_V2_MODEL_RUNNER=0``), eager.
+
+The connector is ``P2pGlooAFDConnector``: a CPU transport, so both roles may share one
+GPU (NCCL cannot pair two processes on one GPU). The attention role's tensors cross to
+the host inside the connector (its message buffers are host memory) and the FFN server
+moves what it receives to its GPU; the NCCL connector tests need two GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from afd_core.launch import DeploymentSpec, LocalDeployment
+from afd_models.tiny.specs import MEASURED_TOKENS, PROMPTS
+from tests.e2e_cpu.harness import Completion, MonolithicServers, complete
+from tests.e2e_gpu.gpu_settings import server_args
+
+pytest.importorskip("vllm")
+pytest.importorskip("openai")
+
+pytestmark = pytest.mark.slow
+
+MODEL = "tiny-qwen3-moe"
+MAX_TOKENS = min(12, MEASURED_TOKENS)
+#: Largest accepted |AFD - monolithic| of a top-5 logprob, in nats: the FFN rank runs the
+#: same kernels on the same tokens as the monolithic server, so any difference is a bf16
+#: rounding of a kernel that chose another tiling for another process.
+LOGPROB_TOLERANCE = 0.02
+#: What vLLM logs once when a worker runs Model Runner V2.
+V2_LOG_LINE = "Using V2 Model Runner"
+#: Seconds a deployment may take to become healthy (first start compiles Triton kernels).
+START_TIMEOUT_S = 300.0
+
+RUNNER_ENV = {
+    "v2": {"VLLM_USE_V2_MODEL_RUNNER": "1"},
+    "v1": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One AFD deployment to compare against monolithic vLLM."""
+
+    runner: str
+    gate_on_attention: bool
+
+    @property
+    def id(self) -> str:
+        gate = "gate-attn" if self.gate_on_attention else "gate-ffn"
+        return f"{MODEL}-1A1F-{gate}-runner-{self.runner}"
+
+
+# Both runners and both gate placements are covered by the first two cases.
+CASES = [
+    Case("v2", gate_on_attention=False),
+    Case("v1", gate_on_attention=True),
+    Case("v2", gate_on_attention=True),
+    Case("v1", gate_on_attention=False),
+]
+
+
+def max_logprob_difference(afd: list[Completion], reference: list[Completion]) -> float:
+    """Largest |difference| of a logprob of a token both runs list, at any position."""
+    worst = 0.0
+    for got, want in zip(afd, reference, strict=True):
+        for x, y in zip(got.top_logprobs, want.top_logprobs, strict=True):
+            for token in set(x) & set(y):
+                worst = max(worst, abs(x[token] - y[token]))
+    return worst
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_afd_on_cuda_serves_the_same_tokens_as_monolithic_vllm(
+    case: Case,
+    tiny_models: Path,
+    monolithic_servers: MonolithicServers,
+    vllm_cache_root: Path,
+    tmp_path: Path,
+) -> None:
+    model = tiny_models / MODEL
+    env = RUNNER_ENV[case.runner]
+    reference = complete(monolithic_servers.get(model, extra_env=env).url, PROMPTS, MAX_TOKENS)
+    spec = DeploymentSpec(
+        model=model,
+        compute_gate_on_attention=case.gate_on_attention,
+        extra_args=server_args(),
+        extra_env=env,
+        start_timeout_s=START_TIMEOUT_S,
+    )
+    with LocalDeployment(spec, work_dir=tmp_path, cache_root=vllm_cache_root) as deployment:
+        afd = complete(deployment.endpoint, PROMPTS, MAX_TOKENS)
+        (stats,) = deployment.ffn_stats()
+        attention_log = deployment.attention_servers[0].log_path.read_text(errors="replace")
+    tokens_equal = [c.token_ids for c in afd] == [c.token_ids for c in reference]
+    diff = max_logprob_difference(afd, reference)
+    print(
+        f"RESULT {case.id}: tokens equal {tokens_equal} ({len(PROMPTS)} prompts x "
+        f"{MAX_TOKENS} tokens), max |logprob diff| {diff:.6f} nats, FFN stats {stats}"
+    )
+    assert (V2_LOG_LINE in attention_log) == (case.runner == "v2")
+    assert "AFD attention rank 0: connected" in attention_log
+    assert tokens_equal, f"{[c.token_ids for c in afd]} != {[c.token_ids for c in reference]}"
+    for got, want in zip(afd, reference, strict=True):
+        best = max(want.first_token_logprobs, key=want.first_token_logprobs.__getitem__)
+        assert best in got.first_token_logprobs, "the greedy first token is missing from AFD's"
+    assert diff <= LOGPROB_TOLERANCE, f"a logprob differs by {diff:.4f} nats"
+    num_layers = int(json.loads((model / "config.json").read_text())["num_hidden_layers"])
+    # Every decode step crossed every layer to the FFN rank.
+    assert stats["layer_exchanges"] >= num_layers * MAX_TOKENS
+    assert stats["layer_exchanges"] % num_layers == 0
+    assert stats["tokens"] >= len(PROMPTS) * MAX_TOKENS
