@@ -203,3 +203,12 @@ def build(session: nox.Session) -> None:
         external=True,
     )
     session.run(str(venv / "bin" / "afd"), "--help", external=True)
+    # Every installed plugin's `afd` entry point must load (a dangling one breaks every
+    # vLLM process at plugin load).
+    session.run(
+        str(venv / "bin" / "python"),
+        "-c",
+        "from afd_core.registry import get_registry; r = get_registry(); "
+        "print('connectors:', sorted(r.connectors)); print('workers:', sorted(r.workers))",
+        external=True,
+    )

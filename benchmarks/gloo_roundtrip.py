@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import queue
 import statistics
 import time
 from collections.abc import Sequence
@@ -77,6 +78,12 @@ class RoundTrip:
     def control_median(self) -> float:
         """Median time of one step's control payload send (µs)."""
         return statistics.median(self.control_us)
+
+    @property
+    def control_min(self) -> float:
+        """Fastest control payload send of one step (µs); one sample per step, too few
+        for a 10th percentile."""
+        return min(self.control_us)
 
 
 def _raw_group(rank: int, port: int) -> Any:
@@ -195,8 +202,18 @@ def measure(
     ]
     for proc in procs:
         proc.start()
+    deadline = time.monotonic() + RESULT_TIMEOUT_S
     try:
-        return out.get(timeout=RESULT_TIMEOUT_S)
+        while True:
+            try:
+                return out.get(timeout=1.0)
+            except queue.Empty:
+                dead = [p.exitcode for p in procs if not p.is_alive()]
+                if dead or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"round-trip benchmark: no result (exit codes of ended processes: "
+                        f"{dead}); see their output above"
+                    ) from None
     finally:
         for proc in procs:
             proc.join(10)
@@ -210,16 +227,17 @@ def format_table(rows: Sequence[RoundTrip], rounds: int) -> str:
     lines = [
         f"per-layer round trip in µs over {rounds * BLOCK} layers (bf16; the connector "
         "adds a 64-byte header each way; p10 is less sensitive to other load on the host; "
-        "ctrl: one step's control payload send)",
+        "ctrl: one step's control payload send, median and fastest)",
         f"{'tokens':>6} {'hidden':>6} {'bytes/dir':>10} | {'raw med':>8} {'conn med':>8} "
-        f"{'ratio':>5} | {'raw p10':>8} {'conn p10':>8} {'ratio':>5} | {'ctrl med':>8}",
+        f"{'ratio':>5} | {'raw p10':>8} {'conn p10':>8} {'ratio':>5} | "
+        f"{'ctrl med':>8} {'ctrl min':>8}",
     ]
     for row in rows:
         lines.append(
             f"{row.tokens:>6} {row.hidden:>6} {row.nbytes:>10} | {row.raw_median:>8.1f} "
             f"{row.conn_median:>8.1f} {row.conn_median / row.raw_median:>5.2f} | "
             f"{row.raw_p10:>8.1f} {row.conn_p10:>8.1f} {row.conn_p10 / row.raw_p10:>5.2f} | "
-            f"{row.control_median:>8.1f}"
+            f"{row.control_median:>8.1f} {row.control_min:>8.1f}"
         )
     return "\n".join(lines)
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from afd_core.config import AFDConfig
+from afd_core.errors import AFDConfigError
 from afd_core.hookspecs import hookimpl
+from afd_core.platform import current_platform_name
+from afd_core.registry import get_registry
 from afd_core.roles import check_parallel_layout
-from afd_core.specs import WorkerSpec
+from afd_core.specs import ConnectorSpec, WorkerSpec
 
 
 @hookimpl
@@ -31,6 +34,29 @@ def afd_workers() -> list[WorkerSpec]:
 
 @hookimpl
 def afd_validate(config: AFDConfig, vllm_config: Any) -> None:
-    """Reject parallel layouts the attention workers cannot run (before any worker starts)."""
+    """Reject attention deployments the workers cannot run (before any worker starts)."""
     if config.role == "attention":
         check_parallel_layout(config, vllm_config.parallel_config)
+        if current_platform_name() == "cuda":
+            check_cuda_graphs(
+                get_registry().connector(config.connector),
+                vllm_config.compilation_config.cudagraph_mode,
+            )
+
+
+def check_cuda_graphs(connector: ConnectorSpec, cudagraph_mode: Any) -> None:
+    """Raise AFDConfigError when vLLM would capture the exchange in a CUDA graph it cannot join.
+
+    ``cudagraph_mode`` is vLLM's resolved ``CUDAGraphMode`` (anything whose ``name`` is
+    ``"NONE"`` captures nothing). The exchange op runs inside every decoder layer, so any
+    captured mode captures it: only a connector with ``supports_cuda_graphs`` may be used.
+    """
+    mode = getattr(cudagraph_mode, "name", str(cudagraph_mode))
+    if mode == "NONE" or connector.supports_cuda_graphs:
+        return
+    raise AFDConfigError(
+        f"AFD config: connector {connector.name} cannot run inside CUDA graphs, but vLLM "
+        f"would capture the attention role's forwards (cudagraph_mode {mode}); pass "
+        "--enforce-eager to the attention deployment, or use a connector that supports "
+        "CUDA graphs"
+    )
