@@ -19,7 +19,7 @@ from __future__ import annotations
 import ctypes
 import time
 from abc import abstractmethod
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from afd_core.connector import Connector, ControlPlane, FFNLayerBatch, FFNStep, WireSpec
 from afd_core.connectors.p2p_buffers import MessageBuffers, Slot
@@ -103,6 +103,11 @@ class P2pProtocolConnector(Connector):
     seen. The tensors of an :class:`FFNLayerBatch` stay valid until the next
     ``recv_hidden`` of the same stage.
     """
+
+    #: Attention side: post the reply's receive before the send (gloo). A transport whose
+    #: p2p ops between two ranks run in posting order on one stream (NCCL) sets False:
+    #: a receive posted first would block the send the FFN rank waits for.
+    _recv_reply_first: ClassVar[bool] = True
 
     def __init__(self, config: AFDConfig, role_rank: int, wire: WireSpec) -> None:
         super().__init__(config, role_rank, wire)
@@ -318,8 +323,9 @@ class P2pProtocolConnector(Connector):
         The header must match the token count announced for its stage and the wire spec,
         so that the FFN rank expects exactly this many bytes (AFDProtocolError
         otherwise); ``router_logits`` is required exactly when the wire spec has router
-        logits. Posts the receive of the reply first, then the send, and returns; the
-        matching :meth:`recv_output` completes both.
+        logits. Posts the receive of the reply and the send (in the order
+        ``_recv_reply_first`` says) and returns; the matching :meth:`recv_output`
+        completes both.
         """
         if self._closed.is_set() or self._failure is not None or self._torch is None:
             self._raise_unusable()
@@ -365,8 +371,11 @@ class P2pProtocolConnector(Connector):
         if reply is None or reply.rows != n:
             reply = self._buffers.slot(reply_key, n, False)
         try:
-            # The reply's receive goes first, so the FFN rank never waits for it.
-            received = self._post_recv(reply.buf, self._ffn_world, TAG_F2A)
+            # The reply's receive goes first where the transport allows it (see
+            # _recv_reply_first), so the FFN rank never waits for it.
+            received = None
+            if self._recv_reply_first:
+                received = self._post_recv(reply.buf, self._ffn_world, TAG_F2A)
             self._write_bytes(
                 slot.addr, self._headers.a2f(header.step_id, header.layer, stage, n, self.role_rank)
             )
@@ -375,6 +384,8 @@ class P2pProtocolConnector(Connector):
                 if router_logits is not None:
                     self._buffers.pack_logits(slot, router_logits)
             sent = self._post_send(slot.buf, self._ffn_world, TAG_A2F)
+            if received is None:
+                received = self._post_recv(reply.buf, self._ffn_world, TAG_F2A)
         except AFDError as exc:
             self._fail(exc)
             raise

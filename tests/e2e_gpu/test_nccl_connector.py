@@ -1,0 +1,262 @@
+"""P2pNcclAFDConnector between two processes on two GPUs (FFN on cuda:0, attention on cuda:1).
+
+The FFN rank applies a known function (``hidden * 2 + layer``, plus the row sum of the
+router logits when the gate runs on attention) on its GPU; the attention rank checks every
+result exactly on its GPU. Inputs are small integers, exact in bf16. Every rank runs in a
+spawned process (CUDA cannot be forked) with a hard timeout; all are killed at the end.
+Skips unless two CUDA devices are visible.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tests.e2e_gpu.gpu_settings import cuda_device_count
+
+pytestmark = pytest.mark.skipif(
+    cuda_device_count() < 2,
+    reason="needs two CUDA devices (one per role: NCCL cannot pair two processes on one GPU)",
+)
+
+FFN_DEVICE, ATTENTION_DEVICE = 0, 1
+LAYERS = 4
+#: Token counts of the steps (0: a step in which this rank has no tokens).
+STEP_TOKENS = (1, 8, 0, 37, 256, 3)
+JOIN_TIMEOUT_S = 180.0
+
+
+def wire(gate: bool) -> Any:
+    from afd_core.connector import WireSpec
+
+    if gate:  # layer 0 dense (no router logits), like DeepSeek's first layers
+        return WireSpec(
+            hidden_size=512,
+            dtype="bfloat16",
+            num_exchange_layers=LAYERS,
+            router_logits_width=16,
+            dense_layers=(0,),
+        )
+    return WireSpec(hidden_size=2048, dtype="bfloat16", num_exchange_layers=LAYERS)
+
+
+def connect(role: str, port: int, device: int, gate: bool, timeout_s: int = 60) -> Any:
+    import torch
+
+    from afd_connectors_gpu.p2p_nccl import P2pNcclAFDConnector
+    from afd_core.config import AFDConfig
+
+    torch.cuda.set_device(device)
+    config = AFDConfig(
+        role=role,
+        connector="P2pNcclAFDConnector",
+        port=port,
+        afd_process_group_timeout_s=timeout_s,
+        compute_gate_on_attention=gate,
+    )
+    conn = P2pNcclAFDConnector(config, 0, wire(gate))
+    conn.initialize()
+    return conn
+
+
+def ffn_function(hidden: Any, layer: int, logits: Any) -> Any:
+    out = hidden * 2 + layer
+    if logits is not None:
+        out = out + logits.float().sum(-1, keepdim=True).to(out.dtype)
+    return out
+
+
+# Rank programs (run in spawned processes) ------------------------------------------------
+
+
+def serve(port: int, gate: bool) -> dict[str, Any]:
+    """FFN rank: serve every step; report where the tensors it received lived."""
+    conn = connect("ffn", port, FFN_DEVICE, gate)
+    devices, with_logits, tokens = set(), [], []
+    try:
+        for _ in STEP_TOKENS:
+            step = conn.control_plane.recv_step()
+            tokens.append(step.tokens[0][0])
+            for layer in range(LAYERS):
+                batch = conn.recv_hidden(step, layer, 0)
+                devices.add(str(batch.hidden.device))
+                with_logits.append(batch.router_logits is not None)
+                conn.send_output(batch, ffn_function(batch.hidden, layer, batch.router_logits))
+    finally:
+        conn.close()
+    return {"devices": sorted(devices), "with_logits": with_logits, "tokens": tokens}
+
+
+def attend(port: int, gate: bool) -> dict[str, Any]:
+    """Attention rank: every step and layer, check the result exactly; count exchanges."""
+    import torch
+
+    from afd_core.connectors.p2p_wire import a2f_header
+    from afd_core.metadata import AFDDPMetadata, ControlPayload
+
+    conn = connect("attention", port, ATTENTION_DEVICE, gate)
+    spec, device = conn.wire, torch.device("cuda", ATTENTION_DEVICE)
+    gen = torch.Generator(device=device).manual_seed(7)
+    exchanges, mismatches, out_devices = 0, [], set()
+    try:
+        for step_id, n in enumerate(STEP_TOKENS):
+            conn.control_plane.send_step(ControlPayload(step_id, 0, (AFDDPMetadata(0, (n,)),)))
+            for layer in range(LAYERS):
+                hidden = torch.randint(
+                    -50, 50, (n, spec.hidden_size), generator=gen, device=device
+                ).to(torch.bfloat16)
+                logits = None
+                if spec.logits_width_at(layer):
+                    logits = torch.randint(
+                        -4, 4, (n, spec.router_logits_width), generator=gen, device=device
+                    ).float()
+                header = a2f_header(step_id, layer, 0, n, 0, spec)
+                conn.send_hidden(header, hidden, logits)
+                out = conn.recv_output(header, torch.empty_like(hidden))
+                out_devices.add(str(out.device))
+                if not torch.equal(out, ffn_function(hidden, layer, logits)):
+                    mismatches.append((step_id, layer))
+                exchanges += 1
+    finally:
+        conn.close()
+    return {"exchanges": exchanges, "mismatches": mismatches, "devices": sorted(out_devices)}
+
+
+def serve_wrong_layer(port: int) -> tuple[str, str]:
+    """FFN rank: expect layer 1 while the attention rank sends layer 0; report the error."""
+    conn = connect("ffn", port, FFN_DEVICE, False, timeout_s=15)
+    try:
+        step = conn.control_plane.recv_step()
+        conn.recv_hidden(step, 1, 0)
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+    finally:
+        conn.close()
+    return "nothing", "recv_hidden accepted a message of another layer"
+
+
+def attend_then_lose_the_reply(port: int) -> tuple[str, str]:
+    """Attention rank: send layer 0 and wait for a reply that never comes."""
+    import torch
+
+    from afd_core.connectors.p2p_wire import a2f_header
+    from afd_core.metadata import AFDDPMetadata, ControlPayload
+
+    conn = connect("attention", port, ATTENTION_DEVICE, False, timeout_s=15)
+    try:
+        conn.control_plane.send_step(ControlPayload(0, 0, (AFDDPMetadata(0, (4,)),)))
+        hidden = torch.ones(4, conn.wire.hidden_size, dtype=torch.bfloat16, device="cuda")
+        header = a2f_header(0, 0, 0, 4, 0, conn.wire)
+        conn.send_hidden(header, hidden)
+        conn.recv_output(header, torch.empty_like(hidden))
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+    finally:
+        conn.close()
+    return "nothing", "recv_output returned without a reply"
+
+
+# Process handling --------------------------------------------------------------------------
+
+
+def _child(name: str, fn: Callable[..., Any], args: tuple[Any, ...], out: Any) -> None:
+    try:
+        out.put((name, True, fn(*args)))
+    except BaseException as exc:
+        out.put((name, False, f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+
+
+class Ranks:
+    """Spawned rank processes of one test; ``join`` returns each one's value."""
+
+    def __init__(self) -> None:
+        self._ctx = mp.get_context("spawn")
+        self._out = self._ctx.Queue()
+        self._procs: dict[str, Any] = {}
+
+    def start(self, name: str, fn: Callable[..., Any], *args: Any) -> None:
+        proc = self._ctx.Process(target=_child, args=(name, fn, args, self._out), daemon=True)
+        proc.start()
+        self._procs[name] = proc
+
+    def join(self, timeout_s: float = JOIN_TIMEOUT_S) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        results: dict[str, Any] = {}
+        while len(results) < len(self._procs) and time.monotonic() < deadline:
+            try:
+                name, ok, value = self._out.get(timeout=0.5)
+            except queue.Empty:
+                dead = [n for n, p in self._procs.items() if not p.is_alive() and n not in results]
+                if dead:
+                    pytest.fail(f"rank processes {dead} died without a result (see output above)")
+                continue
+            if not ok:
+                pytest.fail(f"rank {name} raised: {value}")
+            results[name] = value
+        if len(results) < len(self._procs):
+            pytest.fail(f"ranks {sorted(set(self._procs) - set(results))} hung for {timeout_s} s")
+        return results
+
+    def kill(self) -> None:
+        for proc in self._procs.values():
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+
+
+@pytest.fixture
+def ranks() -> Iterator[Ranks]:
+    group = Ranks()
+    try:
+        yield group
+    finally:
+        group.kill()
+
+
+@pytest.fixture
+def port() -> int:
+    from tests.integration.conftest import free_port
+
+    return free_port()
+
+
+# Tests -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gate", [False, True], ids=["gate-on-ffn", "gate-on-attention"])
+def test_round_trips_over_nccl_return_the_ffn_function_exactly(
+    ranks: Ranks, port: int, gate: bool
+) -> None:
+    ranks.start("ffn", serve, port, gate)
+    ranks.start("attention", attend, port, gate)
+    results = ranks.join()
+    ffn, attention = results["ffn"], results["attention"]
+    assert attention["mismatches"] == []
+    assert attention["exchanges"] == len(STEP_TOKENS) * LAYERS
+    assert attention["devices"] == [f"cuda:{ATTENTION_DEVICE}"]
+    assert ffn["tokens"] == list(STEP_TOKENS)
+    assert ffn["devices"] == [f"cuda:{FFN_DEVICE}"]
+    expected_logits = [gate and layer != 0 for _ in STEP_TOKENS for layer in range(LAYERS)]
+    assert ffn["with_logits"] == expected_logits
+    print(f"RESULT nccl round trips gate={gate}: {attention['exchanges']} exact")
+
+
+def test_a_message_of_another_layer_is_detected_by_the_header_check(
+    ranks: Ranks, port: int
+) -> None:
+    ranks.start("ffn", serve_wrong_layer, port)
+    ranks.start("attention", attend_then_lose_the_reply, port)
+    results = ranks.join()
+    ffn_error, ffn_message = results["ffn"]
+    assert ffn_error == "AFDProtocolError", ffn_message
+    assert "layer" in ffn_message, ffn_message
+    attention_error, attention_message = results["attention"]
+    assert attention_error == "AFDPeerError", attention_message
+    print(f"RESULT nccl header mismatch: {ffn_message}")
