@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from afd_core import hookimpl
+from afd_core import hookimpl, vllm_plugin
 from afd_core.config import AFDConfig
 from afd_core.connector import Connector
 from afd_core.errors import AFDConfigError, AFDInstallError
@@ -353,7 +353,14 @@ def install_fake_vllm(monkeypatch: pytest.MonkeyPatch, version: str) -> SimpleNa
         module = types.ModuleType(name)
         module.__dict__.update(attrs)
         monkeypatch.setitem(sys.modules, name, module)
-    return SimpleNamespace(platform_cls=platform_cls, model_registry=model_registry)
+    # The AMX request needs torch (absent here): record that register() makes it.
+    amx_requests: list[None] = []
+    monkeypatch.setattr(
+        vllm_plugin, "request_amx_tile_permission", lambda: amx_requests.append(None)
+    )
+    return SimpleNamespace(
+        platform_cls=platform_cls, model_registry=model_registry, amx_requests=amx_requests
+    )
 
 
 def test_register_rejects_other_vllm_versions_before_touching_vllm(
@@ -377,6 +384,7 @@ def test_register_registers_models_and_wraps_the_platform_hook_once(
     assert fake.model_registry.models == {
         "Qwen3MoeForCausalLM": "afd_models.qwen3_moe:AFDQwen3MoeForCausalLM"
     }
+    assert len(fake.amx_requests) == 2  # every CPU process asks for AMX tile state
     cfg = vllm_config("auto", afd={"role": "ffn", "connector": "FakeConnector"})
     fake.platform_cls.check_and_update_config(cfg)
     assert fake.platform_cls.calls == 1
