@@ -39,13 +39,14 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
-from typing import Any, Protocol
+from typing import Any
 
 from afd_core.config import afd_config_from_vllm
 from afd_core.connector import Connector, FFNStep
 from afd_core.errors import AFDConfigError, AFDPeerError, AFDProtocolError, AFDShutdown
 from afd_core.roles import build_connector, model_wire_spec, resolve_role_rank
 from afd_ffn.stats import FFNStats
+from afd_models.roles import FFNModel
 
 # A child of vLLM's logger, so vLLM's logging config (handler, level, format) applies.
 logger = logging.getLogger(f"vllm.{__name__}")
@@ -54,18 +55,6 @@ logger = logging.getLogger(f"vllm.{__name__}")
 THREAD_NAME = "afd-ffn-server"
 #: Seconds :func:`exit_worker_process` waits for a graceful exit before ``os._exit(1)``.
 EXIT_GRACE_S = 10.0
-
-
-class FFNModel(Protocol):
-    """What the FFN server needs from the FFN role's model wrapper."""
-
-    def afd_exchange_layers(self) -> tuple[int, ...]:
-        """The layer ids exchanged per step, in the order the attention role sends them."""
-        ...
-
-    def afd_compute_ffn(self, layer: int, hidden: Any, router_logits: Any | None) -> Any:
-        """The FFN (MoE or MLP) output of ``layer`` for ``hidden``."""
-        ...
 
 
 def describe_failure(exc: BaseException) -> str:
