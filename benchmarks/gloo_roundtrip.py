@@ -192,13 +192,23 @@ def measure(
     """
     from afd_core.launch import free_ports
 
-    ctx = mp.get_context("spawn")
     conn_port, raw_port = free_ports(2)
-    out = ctx.Queue()
     sizes = (rounds, tuple(tokens), tuple(hiddens))
+    return run_pair(_ffn, _attention, (conn_port, raw_port, *sizes), "round-trip benchmark")
+
+
+def run_pair(ffn: Any, attention: Any, args: tuple[Any, ...], what: str) -> Any:
+    """Run ``ffn(*args)`` and ``attention(*args, queue)`` in two spawned processes.
+
+    Returns what the attention process puts on the queue. Raises RuntimeError as soon as
+    either process ends without a result, or after :data:`RESULT_TIMEOUT_S`; both
+    processes are gone when it returns.
+    """
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
     procs = [
-        ctx.Process(target=_ffn, args=(conn_port, raw_port, *sizes)),
-        ctx.Process(target=_attention, args=(conn_port, raw_port, *sizes, out)),
+        ctx.Process(target=ffn, args=args),
+        ctx.Process(target=attention, args=(*args, out)),
     ]
     for proc in procs:
         proc.start()
@@ -211,8 +221,8 @@ def measure(
                 dead = [p.exitcode for p in procs if not p.is_alive()]
                 if dead or time.monotonic() > deadline:
                     raise RuntimeError(
-                        f"round-trip benchmark: no result (exit codes of ended processes: "
-                        f"{dead}); see their output above"
+                        f"{what}: no result (exit codes of ended processes: {dead}); "
+                        "see their output above"
                     ) from None
     finally:
         for proc in procs:

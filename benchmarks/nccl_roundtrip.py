@@ -28,9 +28,7 @@ graph floor. Usage (needs two CUDA devices, afd-core and afd-connectors-gpu)::
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
-import queue
 import statistics
 import time
 from collections.abc import Sequence
@@ -38,12 +36,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from gloo_roundtrip import run_pair
+
 TOKENS = (1, 8, 64, 256, 512)
 HIDDEN = (2048, 7168)
 BLOCK = 50  # layers per connector step, and round trips per captured graph
 FFN_DEVICE, ATTENTION_DEVICE = 0, 1
 GRAPH_REPLAYS = 20
-RESULT_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -248,34 +247,9 @@ def measure(
     from afd_core.launch import free_ports
 
     os.environ.setdefault("NCCL_GRAPH_MIXING_SUPPORT", "0")  # inherited by both processes
-    ctx = mp.get_context("spawn")
     conn_port, raw_port = free_ports(2)
-    out = ctx.Queue()
     sizes = (rounds, tuple(tokens), tuple(hiddens), graph)
-    procs = [
-        ctx.Process(target=_ffn, args=(conn_port, raw_port, *sizes)),
-        ctx.Process(target=_attention, args=(conn_port, raw_port, *sizes, out)),
-    ]
-    for proc in procs:
-        proc.start()
-    deadline = time.monotonic() + RESULT_TIMEOUT_S
-    try:
-        while True:
-            try:
-                return out.get(timeout=1.0)
-            except queue.Empty:
-                dead = [p.exitcode for p in procs if not p.is_alive()]
-                if dead or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"NCCL round-trip benchmark: no result (exit codes of ended "
-                        f"processes: {dead}); see their output above"
-                    ) from None
-    finally:
-        for proc in procs:
-            proc.join(10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+    return run_pair(_ffn, _attention, (conn_port, raw_port, *sizes), "NCCL round-trip benchmark")
 
 
 def format_table(rows: Sequence[RoundTrip], rounds: int) -> str:
