@@ -6,10 +6,11 @@ client gets from the attention server with what it gets from a plain vLLM server
 same tiny Qwen3-MoE under the same model runner. Coverage: gate on FFN and on attention,
 Model Runner V2 (vLLM's CUDA default) and V1 (``VLLM_USE_V2_MODEL_RUNNER=0``), eager.
 
-The connector is ``P2pGlooAFDConnector``: a CPU transport, so both roles may share one
-GPU (NCCL cannot pair two processes on one GPU). The attention role's tensors cross to
-the host inside the connector (its message buffers are host memory) and the FFN server
-moves what it receives to its GPU; the NCCL connector tests need two GPUs.
+With ``P2pGlooAFDConnector`` (a CPU transport) both roles share GPU 0: the attention
+role's tensors cross to the host inside the connector and the FFN server moves what it
+receives to its GPU. With ``P2pNcclAFDConnector`` the attention server runs on GPU 0 and
+the FFN server on GPU 1 (NCCL cannot pair two processes on one GPU); those cases skip
+on a host with fewer than two GPUs.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ V2_LOG_LINE = "Using V2 Model Runner"
 #: Seconds a deployment may take to become healthy (first start compiles Triton kernels).
 START_TIMEOUT_S = 300.0
 
+NCCL = "P2pNcclAFDConnector"
+
 RUNNER_ENV = {
     "v2": {"VLLM_USE_V2_MODEL_RUNNER": "1"},
     "v1": {"VLLM_USE_V2_MODEL_RUNNER": "0"},
@@ -53,11 +56,21 @@ class Case:
 
     runner: str
     gate_on_attention: bool
+    connector: str = "P2pGlooAFDConnector"
+    ffn_first: bool = True
 
     @property
     def id(self) -> str:
         gate = "gate-attn" if self.gate_on_attention else "gate-ffn"
-        return f"{MODEL}-1A1F-{gate}-runner-{self.runner}"
+        order = "ffn-first" if self.ffn_first else "attn-first"
+        return f"{MODEL}-1A1F-{gate}-runner-{self.runner}-{self.connector}-{order}"
+
+    @property
+    def role_env(self) -> dict[str, dict[str, str]]:
+        """One GPU per role for NCCL; both roles on GPU 0 otherwise."""
+        if self.connector != NCCL:
+            return {}
+        return {"attention": {"CUDA_VISIBLE_DEVICES": "0"}, "ffn": {"CUDA_VISIBLE_DEVICES": "1"}}
 
 
 # Both runners and both gate placements are covered by the first two cases.
@@ -66,6 +79,8 @@ CASES = [
     Case("v1", gate_on_attention=True),
     Case("v2", gate_on_attention=True),
     Case("v1", gate_on_attention=False),
+    Case("v2", gate_on_attention=False, connector=NCCL, ffn_first=False),
+    Case("v1", gate_on_attention=True, connector=NCCL, ffn_first=True),
 ]
 
 
@@ -87,14 +102,20 @@ def test_afd_on_cuda_serves_the_same_tokens_as_monolithic_vllm(
     vllm_cache_root: Path,
     tmp_path: Path,
 ) -> None:
+    if case.connector == NCCL and _gpu_count() < 2:
+        pytest.skip(f"{NCCL} needs two GPUs (one per role); this host has {_gpu_count()}")
     model = tiny_models / MODEL
     env = RUNNER_ENV[case.runner]
     reference = complete(monolithic_servers.get(model, extra_env=env).url, PROMPTS, MAX_TOKENS)
     spec = DeploymentSpec(
         model=model,
         compute_gate_on_attention=case.gate_on_attention,
+        connector=case.connector,
+        ffn_first=case.ffn_first,
+        stagger_s=3.0,
         extra_args=server_args(),
         extra_env=env,
+        role_env=case.role_env,
         start_timeout_s=START_TIMEOUT_S,
     )
     with LocalDeployment(spec, work_dir=tmp_path, cache_root=vllm_cache_root) as deployment:
@@ -119,3 +140,9 @@ def test_afd_on_cuda_serves_the_same_tokens_as_monolithic_vllm(
     assert stats["layer_exchanges"] >= num_layers * MAX_TOKENS
     assert stats["layer_exchanges"] % num_layers == 0
     assert stats["tokens"] >= len(PROMPTS) * MAX_TOKENS
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()

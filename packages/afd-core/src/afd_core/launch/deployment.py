@@ -37,7 +37,9 @@ class DeploymentSpec:
     ``attention_port + a``); None picks free ports, as for the FFN servers and the
     connector's rendezvous port (``connector_port``). ``extra_args`` go to every server's
     vLLM command line and ``extra_env`` into every server's environment (last, so it wins;
-    e.g. ``VLLM_USE_V2_MODEL_RUNNER``).
+    e.g. ``VLLM_USE_V2_MODEL_RUNNER``); ``role_env[role]`` goes on top of it for the
+    servers of that role only (e.g. ``CUDA_VISIBLE_DEVICES`` to put each role on its own
+    GPU).
     """
 
     model: Path
@@ -54,6 +56,7 @@ class DeploymentSpec:
     served_model_name: str | None = None
     extra_args: tuple[str, ...] = ()
     extra_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    role_env: Mapping[Role, Mapping[str, str]] = field(default_factory=lambda: MappingProxyType({}))
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
 
     def afd_settings(self, role: Role, role_rank: int, connector_port: int) -> dict[str, Any]:
@@ -94,7 +97,7 @@ class DeploymentSpec:
                         additional_config={"afd": settings},
                         dev_mode=role == "ffn",
                         extra_args=self.extra_args,
-                        extra_env=self.extra_env,
+                        extra_env={**self.extra_env, **self.role_env.get(role, {})},
                     )
                 )
         return specs
