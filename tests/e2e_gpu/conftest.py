@@ -7,8 +7,9 @@ go to every server (monolithic and AFD alike); on an ordinary CUDA install nothi
 added. All servers of a session share one GPU when there is only one, so each claims a
 small share of its memory (see ``gpu_settings.py``).
 
-Helpers come from the CPU suite (``tests/e2e_cpu/harness.py``): model building,
-monolithic servers, completions and the leak check.
+Helpers come from the CPU suite: the ``tiny_models`` and ``vllm_cache_root`` fixtures
+(``tests/e2e_cpu/conftest.py``), monolithic servers, completions and the leak check
+(``tests/e2e_cpu/harness.py``).
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ from pathlib import Path
 import pytest
 
 from afd_core.launch.processes import kill_session
-from tests.e2e_cpu.harness import MonolithicServers, build_tiny_models, leftover_processes
+from tests.e2e_cpu.conftest import tiny_models, vllm_cache_root
+from tests.e2e_cpu.harness import MonolithicServers, leftover_processes
 from tests.e2e_gpu.gpu_settings import cuda_device_count, server_args
+
+__all__ = ["tiny_models", "vllm_cache_root"]  # shared fixtures, registered here too
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -34,18 +38,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "e2e_gpu" in item.nodeid:
             item.add_marker(skip)
-
-
-@pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Directory of the tiny checkpoints (``$AFD_TINY_MODELS`` or built once)."""
-    return build_tiny_models(tmp_path_factory.mktemp("tiny-models"))
-
-
-@pytest.fixture(scope="session")
-def vllm_cache_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``VLLM_CACHE_ROOT`` shared by every server of the session."""
-    return tmp_path_factory.mktemp("vllm-cache")
 
 
 @pytest.fixture(scope="session")
