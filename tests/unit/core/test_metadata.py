@@ -24,7 +24,8 @@ PAYLOADS = [
         is_warmup=True,
         is_profile=True,
     ),
-    ControlPayload(17, 1, (AFDDPMetadata(1, (256,)),), is_graph_capturing=True),
+    ControlPayload(17, 1, (AFDDPMetadata(1, (256,)),), is_graph_capturing=True, is_graph_step=True),
+    ControlPayload(18, 0, (AFDDPMetadata(0, (8,)),), is_graph_step=True),
 ]
 
 
@@ -138,3 +139,12 @@ def test_step_metadata_of_a_single_stage_forward():
     assert (meta.padded_lens, meta.unpadded_lens, meta.transaction_id) == ((4,), (3,), "afd-5")
     with pytest.raises(ValueError, match="padded length 2 < unpadded length 3"):
         AFDStepMetadata.single_stage(5, 3, padded_tokens=2)
+
+
+def test_control_payload_capturing_outside_a_graph_step_is_rejected():
+    with pytest.raises(ValueError, match="a capturing step is a graph step"):
+        ControlPayload(1, 0, (AFDDPMetadata(0, (4,)),), is_graph_capturing=True)
+    data = bytearray(PAYLOADS[2].encode())
+    data[6] = 2  # flags: capturing, graph-step bit cleared
+    with pytest.raises(AFDProtocolError, match="flags a CUDA graph capture that is not a graph"):
+        ControlPayload.decode(bytes(data))

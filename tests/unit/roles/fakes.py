@@ -77,6 +77,16 @@ class _ControlPlane(ControlPlane):
         return item
 
 
+class FakeStream:
+    """Whether the "current CUDA stream" is capturing (``StepDriver(is_capturing=...)``)."""
+
+    def __init__(self) -> None:
+        self.capturing = False
+
+    def is_capturing(self) -> bool:
+        return self.capturing
+
+
 class RecordingConnector(Connector):
     """A connector that records calls and serves queued FFN steps.
 
@@ -114,6 +124,9 @@ class RecordingConnector(Connector):
     def recv_output(self, header: TransferHeader, out: Any) -> Any:
         self.events.append(("recv_output", header, out))
         return out
+
+    def watch_graph_replay(self, step_id: int) -> None:
+        self.events.append(("watch_graph_replay", step_id))
 
     def recv_hidden(self, step: FFNStep, layer: int, stage: int) -> FFNLayerBatch:
         if self.fail_recv_hidden is not None:

@@ -17,6 +17,8 @@ class Mode(Enum):
     NONE = 0
     PIECEWISE = 1
     FULL_DECODE_ONLY = 2
+    FULL = 3
+    FULL_AND_PIECEWISE = 4
 
 
 def spec(supports_cuda_graphs: bool) -> ConnectorSpec:
@@ -36,5 +38,18 @@ def test_eager_forwards_accept_any_connector():
     check_cuda_graphs(spec(False), Mode.NONE)
 
 
-def test_a_connector_with_graph_support_may_be_captured():
-    check_cuda_graphs(spec(True), Mode.FULL_DECODE_ONLY)
+@pytest.mark.parametrize("mode", [Mode.FULL_DECODE_ONLY, Mode.FULL])
+def test_a_connector_with_graph_support_may_be_captured_whole(mode):
+    check_cuda_graphs(spec(True), mode)
+
+
+@pytest.mark.parametrize("mode", [Mode.PIECEWISE, Mode.FULL_AND_PIECEWISE])
+def test_piecewise_graphs_are_rejected_even_with_graph_support(mode):
+    with pytest.raises(AFDConfigError, match=r"captures pieces of the forward.*FULL_DECODE_ONLY"):
+        check_cuda_graphs(spec(True), mode)
+
+
+def test_graphs_with_data_parallel_attention_are_rejected():
+    with pytest.raises(AFDConfigError, match=r"data_parallel_size 2 are not supported"):
+        check_cuda_graphs(spec(True), Mode.FULL_DECODE_ONLY, data_parallel_size=2)
+    check_cuda_graphs(spec(True), Mode.NONE, data_parallel_size=2)

@@ -12,6 +12,7 @@ from afd_core.errors import AFDError
 from tests.unit.roles.fakes import (
     WIRE,
     FakeTensor,
+    FakeStream,
     RecordingConnector,
     make_config,
     new_fake_output,
@@ -24,6 +25,9 @@ class FakeV1Runner:
     def __init__(self) -> None:
         self.forward_kwargs: dict[str, Any] = {}
         self.driver: StepDriver | None = None
+        self.stream = FakeStream()
+        #: What the forward context asks for: a FULL graph replay (True) or not.
+        self.replaying = False
 
     def _run_model(self, num_tokens: int) -> str:
         self.forward_kwargs = {}  # vLLM sets a fresh forward context per forward
@@ -34,8 +38,9 @@ class FakeV1Runner:
     def _model_forward(self, input_ids=None, positions=None, intermediate_tensors=None,
                        inputs_embeds=None, **model_kwargs):  # fmt: skip
         tokens = input_ids if input_ids is not None else inputs_embeds
-        for layer in range(WIRE.num_exchange_layers):
-            self.driver.exchange(FakeTensor((tokens.shape[0], 8)), None, layer)
+        if not self.replaying:  # a graph replay runs no Python
+            for layer in range(WIRE.num_exchange_layers):
+                self.driver.exchange(FakeTensor((tokens.shape[0], 8)), None, layer)
         return ("forward", model_kwargs)
 
     # The signature of vLLM 0.32's GPUModelRunner._dummy_run.
@@ -44,11 +49,17 @@ class FakeV1Runner:
                    is_profile=False, create_mixed_batch=False, remove_lora=True,
                    is_graph_capturing=False, num_active_loras=0, profile_seq_lens=None,
                    randomize_inputs=False):  # fmt: skip
-        return self._run_model(num_tokens)
+        # vLLM's CUDAGraphWrapper runs the model on a capturing stream for a capture.
+        self.stream.capturing = is_graph_capturing
+        try:
+            return self._run_model(num_tokens)
+        finally:
+            self.stream.capturing = False
 
 
 class AFDRunner(AttentionRunnerMixin, FakeV1Runner):
-    pass
+    def _afd_replays_full_graph(self) -> bool:
+        return self.replaying
 
 
 def make_runner() -> tuple[AFDRunner, RecordingConnector]:
@@ -60,6 +71,7 @@ def make_runner() -> tuple[AFDRunner, RecordingConnector]:
         0,
         step_slot=lambda: runner.forward_kwargs,
         new_output=new_fake_output,
+        is_capturing=runner.stream.is_capturing,
     )
     return runner, connector
 
@@ -124,3 +136,27 @@ def test_a_forward_before_the_driver_is_set_raises_a_clear_error():
         runner._dummy_run(1)
     with pytest.raises(AFDError, match=r"before the AFD connector was set up"):
         runner._model_forward(input_ids=FakeTensor((1,)))
+
+
+def test_a_capture_dummy_run_is_a_capture_step_of_a_graph():
+    runner, connector = make_runner()
+    runner._dummy_run(8, is_graph_capturing=True)
+    (payload,) = payloads(connector)
+    assert payload.is_graph_capturing and payload.is_graph_step and not payload.is_warmup
+    assert len(connector.calls("send_hidden")) == WIRE.num_exchange_layers
+
+
+def test_a_full_graph_replay_is_announced_before_it_runs_and_then_watched():
+    runner, connector = make_runner()
+    runner.replaying = True
+    result = runner._model_forward(input_ids=FakeTensor((4,)))
+    assert result == ("forward", {})
+    (payload,) = payloads(connector)
+    assert payload.is_graph_step and not payload.is_graph_capturing
+    assert payload.tokens_of(0) == (4,)
+    assert [event[0] for event in connector.events] == ["send_step", "watch_graph_replay"]
+    assert connector.events[-1] == ("watch_graph_replay", 0)
+    runner.replaying = False
+    runner.forward_kwargs = {}
+    runner._model_forward(input_ids=FakeTensor((3,)))
+    assert not payloads(connector)[-1].is_graph_step and payloads(connector)[-1].step_id == 1

@@ -12,6 +12,7 @@ from afd_core.errors import AFDError
 from tests.unit.roles.fakes import (
     WIRE,
     FakeTensor,
+    FakeStream,
     RecordingConnector,
     make_config,
     new_fake_output,
@@ -28,6 +29,7 @@ class FakeV2Runner:
     def __init__(self) -> None:
         self.forward_kwargs: dict[str, Any] = {}
         self.driver: StepDriver | None = None
+        self.stream = FakeStream()
 
     # The signature of vLLM 0.32's Model Runner V2 execute_model.
     def execute_model(self, scheduler_output, intermediate_tensors=None, dummy_run=False,
@@ -45,8 +47,12 @@ class FakeV2Runner:
         return self.execute_model(num_tokens, dummy_run=True, is_profile=is_profile)
 
     def capture_model(self, *, profile_only=False):
-        self._dummy_run(4)
-        self._dummy_run(2)
+        # As vLLM's graph manager: per size a warm-up forward, then the captured one.
+        for num_tokens in (4, 2):
+            self._dummy_run(num_tokens)
+            self.stream.capturing = True
+            self._dummy_run(num_tokens)
+            self.stream.capturing = False
         return 0
 
 
@@ -63,6 +69,7 @@ def make_runner() -> tuple[AFDRunnerV2, RecordingConnector]:
         0,
         step_slot=lambda: runner.forward_kwargs,
         new_output=new_fake_output,
+        is_capturing=runner.stream.is_capturing,
     )
     return runner, connector
 
@@ -103,8 +110,46 @@ def test_graph_capture_forwards_are_capture_steps_and_later_forwards_are_schedul
     runner, connector = make_runner()
     runner.capture_model()
     runner.execute_model(1)
-    capture = StepFlags(is_graph_capturing=True)
-    assert flags_sent(connector) == [(4, capture), (2, capture), (1, StepFlags())]
+    warmup, capture = StepFlags(is_warmup=True), StepFlags(is_graph_capturing=True)
+    assert flags_sent(connector) == [
+        (4, warmup),
+        (4, capture),
+        (2, warmup),
+        (2, capture),
+        (1, StepFlags()),
+    ]
+    graph_steps = [c[0].is_graph_step for c in connector.calls("send_step")]
+    assert graph_steps == [False, True, False, True, False]
+
+
+class FakeGraphManager:
+    """Model Runner V2's graph manager: ``run_fullgraph(desc)`` replays one graph."""
+
+    def __init__(self) -> None:
+        self.replayed: list[int] = []
+
+    def run_fullgraph(self, desc):
+        self.replayed.append(desc.num_tokens)
+        return "replayed"
+
+
+class Desc:
+    def __init__(self, num_tokens: int) -> None:
+        self.num_tokens = num_tokens
+
+
+def test_capture_model_makes_every_full_graph_replay_announced_and_watched():
+    runner, connector = make_runner()
+    runner.cudagraph_manager = manager = FakeGraphManager()
+    runner.capture_model()
+    runner.capture_model()  # wrapping twice would announce each replay twice
+    connector.events.clear()
+    assert manager.run_fullgraph(Desc(8)) == "replayed"
+    assert manager.replayed == [8]
+    ((payload,),) = connector.calls("send_step")
+    assert payload.is_graph_step and not payload.is_graph_capturing
+    assert payload.tokens_of(0) == (8,) and payload.step_id == 8
+    assert connector.events[-1] == ("watch_graph_replay", 8)
 
 
 def test_a_forward_before_the_driver_is_set_raises_a_clear_error():

@@ -93,7 +93,14 @@ def test_without_a_compute_device_the_ffn_gets_the_received_tensors_as_they_are(
 def test_stats_count_steps_layer_batches_and_tokens():
     h = Harness()
     h.run_until_closed(ffn_step(0, 5), ffn_step(1, 1, 2))
-    assert h.server.stats.as_dict() == {"steps": 2, "layer_exchanges": 9, "tokens": 8}
+    assert h.server.stats.as_dict() == {
+        "steps": 2,
+        "layer_exchanges": 9,
+        "tokens": 8,
+        "graphs_captured": 0,
+        "graph_replays": 0,
+        "graph_steps_eager": 0,
+    }
 
 
 def test_each_step_runs_inside_one_compute_context():

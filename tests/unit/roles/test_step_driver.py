@@ -13,6 +13,7 @@ from afd_core.metadata import AFDDPMetadata, ControlPayload, TransferHeader
 from tests.unit.roles.fakes import (
     WIRE,
     FakeTensor,
+    FakeStream,
     RecordingConnector,
     make_config,
     new_fake_output,
@@ -27,8 +28,15 @@ class Forward:
 
 
 def make_driver(
-    role_rank: int = 0, *, attention: int = 1, ffn: int = 1, wire=WIRE, layers=None
+    role_rank: int = 0,
+    *,
+    attention: int = 1,
+    ffn: int = 1,
+    wire=WIRE,
+    layers=None,
+    stream: FakeStream | None = None,
 ) -> tuple[StepDriver, RecordingConnector, list[Forward]]:
+    stream = stream or FakeStream()
     connector = RecordingConnector(make_config(attention=attention, ffn=ffn), role_rank, wire)
     forwards = [Forward()]
     driver = StepDriver(
@@ -38,6 +46,7 @@ def make_driver(
         exchange_layers=layers,
         step_slot=lambda: forwards[-1].kwargs,
         new_output=new_fake_output,
+        is_capturing=stream.is_capturing,
     )
     return driver, connector, forwards
 

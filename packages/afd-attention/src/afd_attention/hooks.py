@@ -41,22 +41,47 @@ def afd_validate(config: AFDConfig, vllm_config: Any) -> None:
             check_cuda_graphs(
                 get_registry().connector(config.connector),
                 vllm_config.compilation_config.cudagraph_mode,
+                vllm_config.parallel_config.data_parallel_size,
             )
 
 
-def check_cuda_graphs(connector: ConnectorSpec, cudagraph_mode: Any) -> None:
+#: vLLM CUDA graph modes the attention role runs: each captured graph is a whole forward,
+#: whose control payload the runner sends before the replay. Piecewise graphs replay the
+#: exchange between pieces that the runner cannot announce.
+WHOLE_FORWARD_MODES = ("NONE", "FULL", "FULL_DECODE_ONLY")
+
+
+def check_cuda_graphs(
+    connector: ConnectorSpec, cudagraph_mode: Any, data_parallel_size: int = 1
+) -> None:
     """Raise AFDConfigError when vLLM would capture the exchange in a CUDA graph it cannot join.
 
     ``cudagraph_mode`` is vLLM's resolved ``CUDAGraphMode`` (anything whose ``name`` is
-    ``"NONE"`` captures nothing). The exchange op runs inside every decoder layer, so any
-    captured mode captures it: only a connector with ``supports_cuda_graphs`` may be used.
+    ``"NONE"`` captures nothing). The exchange op runs inside every decoder layer, so a
+    captured mode needs a connector with ``supports_cuda_graphs``, a mode of whole-forward
+    graphs (:data:`WHOLE_FORWARD_MODES`) and no data parallelism (its idle-rank dummy
+    forwards replay graphs outside the runner's announcement; not supported yet).
     """
     mode = getattr(cudagraph_mode, "name", str(cudagraph_mode))
-    if mode == "NONE" or connector.supports_cuda_graphs:
+    if mode == "NONE":
         return
-    raise AFDConfigError(
-        f"AFD config: connector {connector.name} cannot run inside CUDA graphs, but vLLM "
-        f"would capture the attention role's forwards (cudagraph_mode {mode}); pass "
-        "--enforce-eager to the attention deployment, or use a connector that supports "
-        "CUDA graphs"
-    )
+    if not connector.supports_cuda_graphs:
+        raise AFDConfigError(
+            f"AFD config: connector {connector.name} cannot run inside CUDA graphs, but vLLM "
+            f"would capture the attention role's forwards (cudagraph_mode {mode}); pass "
+            "--enforce-eager to the attention deployment, or use a connector that supports "
+            "CUDA graphs"
+        )
+    if mode not in WHOLE_FORWARD_MODES:
+        raise AFDConfigError(
+            f"AFD config: cudagraph_mode {mode} captures pieces of the forward, which the "
+            "AFD attention role cannot announce to the FFN role; use "
+            '--compilation-config \'{"cudagraph_mode": "FULL_DECODE_ONLY"}\' (or FULL), or '
+            "--enforce-eager"
+        )
+    if data_parallel_size > 1:
+        raise AFDConfigError(
+            f"AFD config: CUDA graphs (cudagraph_mode {mode}) with data_parallel_size "
+            f"{data_parallel_size} are not supported by the AFD attention role yet; pass "
+            "--enforce-eager, or run each attention rank as its own server (role_rank)"
+        )

@@ -16,6 +16,12 @@ step can begin before it; ``execute_model`` labels the forward instead (schedule
 profile run) and the exchange op begins the step at the first layer with the token count
 the model sees. ``capture_model`` labels the capture forwards.
 
+CUDA graphs (``FULL``/``FULL_DECODE_ONLY``): the capture forward runs the model's Python
+on a capturing stream, so the exchange op begins a capture step by itself. A replay runs
+no Python: the V1 mixin sees it coming in ``_model_forward`` (the forward context asks
+for a ``FULL`` graph) and the V2 mixin wraps the graph manager's ``run_fullgraph``; both
+announce it through :meth:`StepDriver.replay_step` before the replay is queued.
+
 The worker assigns ``afd_driver`` once the connector is up.
 """
 
@@ -66,14 +72,28 @@ class AttentionRunnerMixin(_DriverHolder):
                 "AFD attention runner: a forward without input_ids or inputs_embeds (a "
                 "later pipeline stage?); the attention role runs without pipeline parallelism"
             )
-        self._afd_require_driver().begin_step(tokens.shape[0], SCHEDULED)
-        return super()._model_forward(  # type: ignore[misc]
-            input_ids=input_ids,
-            positions=positions,
-            intermediate_tensors=intermediate_tensors,
-            inputs_embeds=inputs_embeds,
-            **model_kwargs,
-        )
+        driver = self._afd_require_driver()
+
+        def forward() -> Any:
+            return super(AttentionRunnerMixin, self)._model_forward(  # type: ignore[misc]
+                input_ids=input_ids,
+                positions=positions,
+                intermediate_tensors=intermediate_tensors,
+                inputs_embeds=inputs_embeds,
+                **model_kwargs,
+            )
+
+        if self._afd_replays_full_graph():
+            return driver.replay_step(tokens.shape[0], forward)
+        driver.begin_step(tokens.shape[0], SCHEDULED)
+        return forward()
+
+    def _afd_replays_full_graph(self) -> bool:
+        """True when vLLM's forward context asks the model for a FULL graph replay."""
+        from vllm.config import CUDAGraphMode
+        from vllm.forward_context import get_forward_context
+
+        return get_forward_context().cudagraph_runtime_mode == CUDAGraphMode.FULL
 
     def _dummy_run(self, num_tokens: int, *args: Any, **kwargs: Any) -> Any:
         """Run vLLM's dummy forward with its purpose (profile, capture, warm-up) recorded."""
@@ -100,9 +120,34 @@ class AttentionRunnerV2Mixin(_DriverHolder):
             return execute_model(*args, **kwargs)
 
     def capture_model(self, *args: Any, **kwargs: Any) -> Any:
-        """Capture vLLM's CUDA graphs with their forwards labelled as capture steps."""
-        with self._afd_require_driver().dummy_flags(CAPTURE):
+        """Capture vLLM's CUDA graphs with their forwards labelled as capture steps.
+
+        First makes the graph manager announce every FULL replay (see the module
+        docstring).
+        """
+        driver = self._afd_require_driver()
+        manager = getattr(self, "cudagraph_manager", None)
+        if manager is not None:
+            announce_full_graph_replays(manager, driver)
+        with driver.dummy_flags(CAPTURE):
             return super().capture_model(*args, **kwargs)  # type: ignore[misc]
+
+
+def announce_full_graph_replays(manager: Any, driver: StepDriver) -> None:
+    """Wrap ``manager.run_fullgraph(desc)`` so every replay is a :meth:`StepDriver.replay_step`.
+
+    ``manager`` is Model Runner V2's CUDA graph manager; ``desc.num_tokens`` is the token
+    count the graph was captured with. Idempotent.
+    """
+    if getattr(manager, "afd_announces_replays", False):
+        return
+    run_fullgraph = manager.run_fullgraph
+
+    def announced_run_fullgraph(desc: Any) -> Any:
+        return driver.replay_step(desc.num_tokens, lambda: run_fullgraph(desc))
+
+    manager.run_fullgraph = announced_run_fullgraph
+    manager.afd_announces_replays = True
 
 
 def dummy_run_flags(

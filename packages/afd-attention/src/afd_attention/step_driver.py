@@ -16,6 +16,12 @@ forward runs. Every step must exchange every layer of the wire spec exactly once
 order; anything else raises :class:`~afd_core.errors.AFDProtocolError`, because the FFN
 rank would otherwise wait for (or compute) the wrong layer.
 
+CUDA graphs: a step begun while the current stream is being captured is a *capture*
+step (``is_graph_capturing``): its exchanges are recorded into the graph, no data flows
+and the FFN rank captures its side. A graph *replay* runs no Python, so the runner
+announces it with :meth:`StepDriver.replay_step` around the replay; it exchanges no
+layer on the host. Both are graph steps (``is_graph_step``): header-less data messages.
+
 Platform independent and free of vLLM and torch imports at module level: the forward
 context and the output allocation are injected (their defaults import lazily), so the
 state machine is tested with a fake connector and fake tensors.
@@ -26,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from afd_core.connector import Connector, WireSpec
 from afd_core.errors import AFDProtocolError
@@ -36,10 +42,17 @@ from afd_models.roles import dtype_name
 #: Key of the step metadata in ``ForwardContext.additional_kwargs``.
 METADATA_KEY = "afd_metadata"
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True)
 class StepFlags:
-    """Why a forward runs; copied into the step's control payload."""
+    """Why a forward runs; copied into the step's control payload.
+
+    ``is_graph_capturing`` labels the forwards of a graph capture routine; the payload
+    says "capturing" only when the stream really is capturing (the routine's warm-up
+    forwards run eagerly and go as warm-ups).
+    """
 
     is_warmup: bool = False
     is_graph_capturing: bool = False
@@ -68,6 +81,13 @@ def forward_context_kwargs() -> dict[str, Any]:
     return get_forward_context().additional_kwargs
 
 
+def stream_is_capturing() -> bool:
+    """True while the current CUDA stream is being captured into a graph (False without CUDA)."""
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def new_contiguous_like(hidden: Any) -> Any:
     """A fresh, contiguous, uninitialised tensor with ``hidden``'s shape, dtype and device.
 
@@ -92,9 +112,10 @@ class StepDriver:
     ``connector`` must be initialised before the first step. ``exchange_layers`` is the
     ordered sequence of layer ids the model exchanges per forward (default
     ``0..wire.num_exchange_layers-1``). ``step_slot`` returns the current forward's
-    ``additional_kwargs`` dict and ``new_output`` allocates the receive buffer for a
-    hidden-states tensor (defaults: :func:`forward_context_kwargs`,
-    :func:`new_contiguous_like`).
+    ``additional_kwargs`` dict, ``new_output`` allocates the receive buffer for a
+    hidden-states tensor and ``is_capturing`` tells whether the current stream is being
+    captured (defaults: :func:`forward_context_kwargs`, :func:`new_contiguous_like`,
+    :func:`stream_is_capturing`).
 
     Not thread-safe: vLLM runs the forwards of a worker on one thread.
     """
@@ -108,6 +129,7 @@ class StepDriver:
         exchange_layers: Sequence[int] | None = None,
         step_slot: Callable[[], dict[str, Any]] = forward_context_kwargs,
         new_output: Callable[[Any], Any] = new_contiguous_like,
+        is_capturing: Callable[[], bool] = stream_is_capturing,
     ) -> None:
         default_layers = range(wire.num_exchange_layers)
         layers = tuple(default_layers if exchange_layers is None else exchange_layers)
@@ -123,6 +145,7 @@ class StepDriver:
         self._layers = layers
         self._step_slot = step_slot
         self._new_output = new_output
+        self._is_capturing = is_capturing
         self._next_step_id = 0
         self._active: _ActiveStep | None = None
         self._dummy_flags: StepFlags | None = None
@@ -143,9 +166,33 @@ class StepDriver:
         """Start the next step: install its metadata and send its control payload.
 
         Call inside the forward context of the forward that runs the step, before the
-        model. Raises AFDProtocolError when the previous step did not exchange every
+        model. On a capturing stream the step is a capture step (see the module
+        docstring). Raises AFDProtocolError when the previous step did not exchange every
         layer (the FFN rank still waits for its remaining layers).
         """
+        capturing = self._is_capturing()
+        metadata = self._announce(num_tokens, flags, capturing=capturing, replay=False)
+        self._step_slot()[METADATA_KEY] = metadata
+        self._active = _ActiveStep(metadata)
+        return metadata
+
+    def replay_step(self, num_tokens: int, replay: Callable[[], T]) -> T:
+        """Announce a CUDA graph replay of ``num_tokens`` tokens, run ``replay()``, watch it.
+
+        ``replay`` queues the replay of a graph whose capture step exchanged every layer;
+        its result is returned. The connector then bounds the replay
+        (``Connector.watch_graph_replay``). Needs no forward context.
+        """
+        metadata = self._announce(num_tokens, SCHEDULED, capturing=False, replay=True)
+        self.completed_steps += 1
+        result = replay()
+        self._connector.watch_graph_replay(metadata.step_id)
+        return result
+
+    def _announce(
+        self, num_tokens: int, flags: StepFlags, *, capturing: bool, replay: bool
+    ) -> AFDStepMetadata:
+        """Number the next step and send its control payload (see :meth:`begin_step`)."""
         if self._active is not None:
             active = self._active
             raise AFDProtocolError(
@@ -160,14 +207,13 @@ class StepDriver:
             step_id=step_id,
             sender_rank=self._role_rank,
             stages=(AFDDPMetadata(first_rank=self._role_rank, num_tokens=(num_tokens,)),),
-            is_warmup=flags.is_warmup,
-            is_graph_capturing=flags.is_graph_capturing,
+            is_warmup=flags.is_warmup or (flags.is_graph_capturing and not capturing),
+            is_graph_capturing=capturing,
             is_profile=flags.is_profile,
+            is_graph_step=capturing or replay,
         )
-        self._step_slot()[METADATA_KEY] = metadata
         self._next_step_id += 1
         self._connector.control_plane.send_step(payload)
-        self._active = _ActiveStep(metadata)
         return metadata
 
     def exchange(self, hidden: Any, router_logits: Any | None, layer: int) -> Any:

@@ -12,13 +12,13 @@ from afd_core.specs import ConnectorSpec
 
 @hookimpl
 def afd_connectors() -> list[ConnectorSpec]:
-    """The NCCL P2P connector (eager only until its graph capture is verified)."""
+    """The NCCL P2P connector (eager and CUDA graphs: NONE, FULL, FULL_DECODE_ONLY)."""
     return [
         ConnectorSpec(
             name="P2pNcclAFDConnector",
             target="afd_connectors_gpu.p2p_nccl:P2pNcclAFDConnector",
             platforms=("cuda",),
-            supports_cuda_graphs=False,
+            supports_cuda_graphs=True,
             description="Point-to-point connector: gloo control plane, NCCL data plane",
         )
     ]

@@ -21,21 +21,30 @@ Transport facts that shape the primitives:
   (``afd_process_group_timeout_s``) passes or the connector is closed, then makes the
   caller's current stream wait for NCCL's. :meth:`close` aborts the NCCL group, which
   ends pending ops.
-* Control frames live on the device like every buffer and are staged through host
-  memory for gloo (once per step).
+* Control frames live in host memory: gloo sends them, also while a graph is captured.
 
-Eager only: every received header is copied to the host and checked (one
-device-to-host synchronisation per layer), and every written header is copied from
-pinned host memory. Neither can be captured in a CUDA graph, so the connector is
-registered with ``supports_cuda_graphs=False``; a capturable data plane needs a
-header-less message inside graphs (step and layer checked once per step on the control
-plane) or device-side checks. Importing this module imports no torch.
+Eager steps check every received header on the host (one device-to-host synchronisation
+per layer) and write every header from pinned host memory. CUDA graph steps
+(:mod:`afd_core.connectors.p2p_graph`) send bare tensors: while the current stream is
+capturing, a wait only joins NCCL's stream (no polling), so the attention rank's
+exchanges and the FFN rank's step are captured whole. Waits on the host stay bounded:
+the FFN rank waits for its replays through :meth:`wait_for_stream`; the attention rank
+does not wait for its replays, a :class:`~afd_connectors_gpu.replay_watch.ReplayWatch`
+aborts the transfers of one that overruns the timeout.
+
+``NCCL_GRAPH_MIXING_SUPPORT`` defaults to 0 in this process (a graph of many p2p ops is
+about 4x faster when it is 0, measured on two H200s: docs/cuda.md). That is only
+safe when captured and uncaptured ops of one communicator are never in flight together,
+which this connector keeps: every eager op is waited for before the next step, and an
+eager step first waits for the replays still running. Importing this module imports no
+torch.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import time
 import weakref
 from collections.abc import Mapping
@@ -43,11 +52,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from afd_connectors_gpu.replay_watch import ReplayWatch
 from afd_core.coercion import to_bool
 from afd_core.connectors.gloo import P2pGlooAFDConnector
 from afd_core.connectors.p2p_protocol import Purpose
 from afd_core.connectors.p2p_wire import CONTROL_FRAME_BYTES, TAG_A2F, TAG_CONTROL, TAG_F2A
 from afd_core.errors import AFDConfigError, AFDPeerError, AFDShutdown
+from afd_core.metadata import ControlPayload
 
 if TYPE_CHECKING:
     import torch
@@ -84,13 +95,17 @@ class NcclExtraConfig:
         )
 
 
-class _Staged:
-    """A gloo control transfer staged through a host copy of a device frame."""
+#: NCCL setting for graphs of many p2p ops, applied unless the environment sets it.
+GRAPH_MIXING_ENV = "NCCL_GRAPH_MIXING_SUPPORT"
 
-    __slots__ = ("device", "host", "work")
 
-    def __init__(self, work: Any, host: Any, device: Any) -> None:
-        self.work, self.host, self.device = work, host, device
+class _ControlWork:
+    """A control-plane (gloo) transfer, waited for by the gloo connector's ``_wait``."""
+
+    __slots__ = ("work",)
+
+    def __init__(self, work: Any) -> None:
+        self.work = work
 
 
 class P2pNcclAFDConnector(P2pGlooAFDConnector):
@@ -113,6 +128,8 @@ class P2pNcclAFDConnector(P2pGlooAFDConnector):
         self._device_buffers: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
         self._write_stage: Any = None
         self._write_done: Any = None
+        self._control_frames: dict[int, Any] = {}
+        self._replays: ReplayWatch | None = None
 
     @classmethod
     def parse_extra_config(cls, raw: Mapping[str, Any]) -> NcclExtraConfig:
@@ -131,7 +148,9 @@ class P2pNcclAFDConnector(P2pGlooAFDConnector):
                 f"AFD: {self.name} needs CUDA and torch.distributed's NCCL backend; this "
                 "torch has none: use P2pGlooAFDConnector"
             )
+        self._torch = torch
         self._device = torch.device("cuda", torch.cuda.current_device())
+        os.environ.setdefault(GRAPH_MIXING_ENV, "0")
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timedelta(seconds=self._timeout_s + _WATCHDOG_MARGIN_S)
         options.is_high_priority_stream = self.extra.high_priority_stream
@@ -169,13 +188,20 @@ class P2pNcclAFDConnector(P2pGlooAFDConnector):
                 self._wait(self._post_recv(byte, peer, TAG_F2A), peer, deadline, "NCCL set-up")
 
     def _close(self) -> None:
-        nccl, self._nccl = self._nccl, None
-        if nccl is not None:
-            with contextlib.suppress(RuntimeError):  # ends pending ops; nothing else to do
-                nccl.abort()
+        if self._replays is not None:
+            self._replays.stop()
+        self._abort_transfers()
         super()._close()
         self._device_buffers.clear()
+        self._control_frames.clear()
         self._write_stage = self._write_done = None
+
+    def _abort_transfers(self) -> None:
+        """Abort the NCCL group: every pending transfer (captured ones too) ends."""
+        nccl, self._nccl = self._nccl, None
+        if nccl is not None:
+            with contextlib.suppress(RuntimeError):  # nothing else to do
+                nccl.abort()
 
     # Buffers ---------------------------------------------------------------------------
 
@@ -185,6 +211,12 @@ class P2pNcclAFDConnector(P2pGlooAFDConnector):
         self._device_buffers[buf.data_ptr()] = buf
         return buf
 
+    def _allocate_control(self, nbytes: int) -> torch.Tensor:
+        """Control frames stay in host memory (gloo sends them; no device sync)."""
+        frame = self._torch.empty(nbytes, dtype=self._torch.uint8)
+        self._control_frames[frame.data_ptr()] = frame
+        return frame
+
     def _buffer_at(self, addr: int) -> Any:
         buf = self._device_buffers.get(addr)
         if buf is None:
@@ -193,6 +225,8 @@ class P2pNcclAFDConnector(P2pGlooAFDConnector):
 
     def _read_bytes(self, addr: int, nbytes: int) -> bytes:
         """Copy ``nbytes`` from the device buffer at ``addr`` to the host (synchronises)."""
+        if addr in self._control_frames:
+            return ctypes.string_at(addr, nbytes)
         host = self._buffer_at(addr)[:nbytes].cpu()
         return ctypes.string_at(host.data_ptr(), nbytes)
 
@@ -202,6 +236,9 @@ class P2pNcclAFDConnector(P2pGlooAFDConnector):
         The copy is queued on the current stream (before the send that reads it); the
         staging buffer is reused once the previous copy has finished.
         """
+        if addr in self._control_frames:
+            ctypes.memmove(addr, data, len(data))
+            return
         torch = self._torch
         stage, n = self._write_stage, len(data)
         if stage is None:
@@ -224,8 +261,7 @@ class P2pNcclAFDConnector(P2pGlooAFDConnector):
 
     def _post_send(self, buf: torch.Tensor, peer: int, tag: int) -> Any:
         if tag == TAG_CONTROL:
-            host = buf.cpu()
-            return _Staged(super()._post_send(host, peer, tag), host, None)
+            return _ControlWork(super()._post_send(buf, peer, tag))
         pg = self._nccl_group()
         try:
             return pg.send([buf], peer, tag)
@@ -234,8 +270,7 @@ class P2pNcclAFDConnector(P2pGlooAFDConnector):
 
     def _post_recv(self, buf: torch.Tensor, peer: int, tag: int) -> Any:
         if tag == TAG_CONTROL:
-            host = self._torch.empty(buf.numel(), dtype=buf.dtype)
-            return _Staged(super()._post_recv(host, peer, tag), host, buf)
+            return _ControlWork(super()._post_recv(buf, peer, tag))
         pg = self._nccl_group()
         try:
             return pg.recv([buf], peer, tag)
@@ -243,12 +278,13 @@ class P2pNcclAFDConnector(P2pGlooAFDConnector):
             raise self._peer_failure(peer, "an NCCL receive", str(exc), False) from exc
 
     def _wait(self, handle: Any, peer: int, deadline: float | None, what: Purpose) -> None:
-        if isinstance(handle, _Staged):
+        if isinstance(handle, _ControlWork):
             super()._wait(handle.work, peer, deadline, what)
-            if handle.device is not None:
-                handle.device.copy_(handle.host)
             return
         try:
+            if self._torch.cuda.is_current_stream_capturing():
+                handle.wait()  # captured: the stream joins NCCL's; nothing to poll
+                return
             while not handle.is_completed():
                 if self.is_closed:
                     raise self._peer_failure(peer, what, "closed", False)
@@ -259,3 +295,58 @@ class P2pNcclAFDConnector(P2pGlooAFDConnector):
         except RuntimeError as exc:
             detail = str(exc).split("\n", 1)[0]
             raise self._peer_failure(peer, what, detail, False) from exc
+
+    # CUDA graph steps --------------------------------------------------------------------
+
+    def _send_step(self, payload: ControlPayload) -> None:
+        """Send the payload; an eager step first waits for the replays still running."""
+        replays = self._replays
+        if not payload.is_graph_step and replays is not None and replays.pending():
+            deadline = time.monotonic() + self._timeout_s
+            if not replays.drain(deadline, lambda: self.is_closed or self._failure is not None):
+                if self._failure is None and not self.is_closed:
+                    self._replay_overran(payload.step_id - 1)
+                self._raise_unusable()
+        super()._send_step(payload)
+
+    def watch_graph_replay(self, step_id: int) -> None:
+        """See :meth:`afd_core.connector.Connector.watch_graph_replay`."""
+        if self._closed.is_set() or self._failure is not None or self._torch is None:
+            self._raise_unusable()
+        torch = self._torch
+        if self._replays is None:
+            self._replays = ReplayWatch(
+                self._timeout_s, self._replay_overran, f"afd-replay-watch-a{self.role_rank}"
+            )
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(self._device))
+        self._replays.add(step_id, event)
+
+    def _replay_overran(self, step_id: int) -> None:
+        exc = self._peer_failure(
+            self._ffn_world,
+            f"the CUDA graph replay of step {step_id}",
+            "replay still running",
+            True,
+        )
+        self._fail(exc)
+        self._abort_transfers()
+
+    def wait_for_stream(self, what: str) -> None:
+        """See :meth:`afd_core.connector.Connector.wait_for_stream`."""
+        if self._closed.is_set() or self._failure is not None or self._torch is None:
+            self._raise_unusable()
+        torch = self._torch
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream())
+        deadline = time.monotonic() + self._timeout_s
+        while not event.query():
+            if self.is_closed:
+                raise AFDShutdown(f"AFD: {self.name} was closed while waiting for {what}")
+            if time.monotonic() >= deadline:
+                peers = self.topology.peers_of(self.config.role, self.role_rank)
+                exc = self._peer_failure(peers[0], what, "stream still running", True)
+                self._fail(exc)
+                self._abort_transfers()
+                raise exc
+            time.sleep(0)

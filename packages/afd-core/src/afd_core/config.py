@@ -44,6 +44,7 @@ KEYS: tuple[str, ...] = (
     "compute_gate_on_attention",
     "connector_extra_config",
     "role_rank",
+    "ffn_cuda_graphs",
 )
 
 #: Alternative spellings (alias -> key); an alias and its key must not both be set.
@@ -65,7 +66,8 @@ class AFDConfig:
     ``connector_extra_config`` is kept raw here (read-only); the selected connector class
     parses it strictly (``Connector.parse_extra_config``) during validation.
     ``role_rank`` overrides the rank derived from vLLM's data-parallel rank (for
-    deployments whose attention ranks are separate servers).
+    deployments whose attention ranks are separate servers). ``ffn_cuda_graphs`` bounds
+    the CUDA graphs an FFN rank keeps, one per step shape (0: serve graph steps eagerly).
     """
 
     role: Role
@@ -79,6 +81,7 @@ class AFDConfig:
     compute_gate_on_attention: bool = False
     connector_extra_config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     role_rank: int | None = None
+    ffn_cuda_graphs: int = 64
 
     @property
     def topology(self) -> Topology:
@@ -187,6 +190,12 @@ def parse_afd_config(
         "compute_gate_on_attention", values.get("compute_gate_on_attention", False)
     )
     role_rank = _parse_role_rank(values, role, topology)
+    ffn_cuda_graphs = to_int_at_least(
+        "ffn_cuda_graphs",
+        values.get("ffn_cuda_graphs", 64),
+        0,
+        "give the number of step shapes whose CUDA graph an FFN rank keeps (0: none)",
+    )
     extra = _parse_extra_config(values, spec)
     return AFDConfig(
         role=role,
@@ -200,6 +209,7 @@ def parse_afd_config(
         compute_gate_on_attention=compute_gate,
         connector_extra_config=MappingProxyType(extra),
         role_rank=role_rank,
+        ffn_cuda_graphs=ffn_cuda_graphs,
     )
 
 

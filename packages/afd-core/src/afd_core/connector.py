@@ -94,6 +94,14 @@ class FFNStep:
         """Any taking part rank runs a profiling forward."""
         return any(p.is_profile for p in self.payloads)
 
+    @property
+    def is_graph_step(self) -> bool:
+        """The taking part ranks run (or capture) CUDA graphs: header-less data messages.
+
+        A step never mixes graph and eager ranks (the FFN side forms steps of one kind).
+        """
+        return self.payloads[0].is_graph_step
+
     def stage_tokens(self, stage: int) -> tuple[int, ...]:
         """Token counts of every taking part rank in ``stage``, block order."""
         return tuple(t[stage] for t in self.tokens)
@@ -241,3 +249,51 @@ class Connector(ABC):
     @abstractmethod
     def send_output(self, batch: FFNLayerBatch, output: torch.Tensor) -> None:
         """Split ``output`` by ``batch.splits`` and send each part back to its rank."""
+
+    # CUDA graph steps (connectors registered with supports_cuda_graphs) ----------------
+    #
+    # In a step whose control payload has ``is_graph_step`` the attention rank's forward
+    # is a CUDA graph: ``send_hidden``/``recv_output`` run once, while the graph is
+    # captured, and each replay repeats their device work with no Python. Its data
+    # messages carry no header; the step and token counts were checked on the control
+    # plane. The FFN rank serves such a step with the methods below, which take
+    # buffers the caller owns (so that a graph the FFN rank captures keeps fixed
+    # addresses) and which may themselves be captured.
+
+    def recv_hidden_into(
+        self,
+        step: FFNStep,
+        layer: int,
+        stage: int,
+        hidden: torch.Tensor,
+        router_logits: torch.Tensor | None,
+    ) -> None:
+        """FFN side, graph step: receive ``layer``'s input of every rank into ``hidden``.
+
+        ``hidden`` holds the block's rows in block order (``sum(step.stage_tokens(stage))``
+        rows); ``router_logits`` likewise, exactly when the wire spec has router logits
+        at ``layer``. Waits are bounded unless the current stream is being captured.
+        """
+        raise NotImplementedError(f"{self.name} does not support CUDA graph steps")
+
+    def send_output_from(self, step: FFNStep, layer: int, stage: int, output: torch.Tensor) -> None:
+        """FFN side, graph step: send each rank's rows of ``output`` back to it."""
+        raise NotImplementedError(f"{self.name} does not support CUDA graph steps")
+
+    def wait_for_stream(self, what: str) -> None:
+        """Wait until the current stream's queued work is done, within the AFD timeout.
+
+        FFN side: called after replaying a captured step. Raises AFDPeerError (and
+        closes the connector, ending the pending transfers) when it takes longer than
+        ``afd_process_group_timeout_s``, AFDShutdown when the connector is closed.
+        """
+        raise NotImplementedError(f"{self.name} does not support CUDA graph steps")
+
+    def watch_graph_replay(self, step_id: int) -> None:
+        """Attention side: bound the graph replay of ``step_id`` just queued on the stream.
+
+        Returns at once. Should the replay not finish within the AFD timeout (the FFN
+        rank stopped answering), the connector fails and ends its pending transfers, so
+        the replay finishes and the next call raises AFDPeerError.
+        """
+        raise NotImplementedError(f"{self.name} does not support CUDA graph steps")

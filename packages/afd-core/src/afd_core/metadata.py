@@ -112,7 +112,10 @@ class ControlPayload:
 
     ``stages[s]`` holds the token counts of stage ``s`` for the ranks the sender knows
     (itself, or its whole data-parallel group). ``sender_rank`` is the sender's attention
-    role rank. The flags tell FFN why the forward runs.
+    role rank. The flags tell FFN why the forward runs. ``is_graph_step``: the step's
+    forward is a CUDA graph (captured now when ``is_graph_capturing``, else replayed), so
+    its data messages carry no header and, while capturing, no data flows at all (see
+    docs/wire-protocol.md).
     """
 
     VERSION: ClassVar[int] = 1
@@ -125,8 +128,11 @@ class ControlPayload:
     is_warmup: bool = False
     is_graph_capturing: bool = False
     is_profile: bool = False
+    is_graph_step: bool = False
 
     def __post_init__(self) -> None:
+        if self.is_graph_capturing and not self.is_graph_step:
+            raise ValueError("ControlPayload: a capturing step is a graph step")
         if not self.stages:
             raise ValueError("ControlPayload needs at least one stage")
         first, width = self.stages[0].first_rank, len(self.stages[0].num_tokens)
@@ -146,6 +152,7 @@ class ControlPayload:
             (1 if self.is_warmup else 0)
             | (2 if self.is_graph_capturing else 0)
             | (4 if self.is_profile else 0)
+            | (8 if self.is_graph_step else 0)
         )
         width = len(self.stages[0].num_tokens)
         head = self._HEAD.pack(
@@ -190,6 +197,11 @@ class ControlPayload:
             AFDDPMetadata(first, tuple(counts[s * width : (s + 1) * width]))
             for s in range(n_stages)
         )
+        if flags & 2 and not flags & 8:
+            raise AFDProtocolError(
+                f"AFD control: payload of step {step} flags a CUDA graph capture that is not "
+                "a graph step; the peer's afd-core is broken or of another version"
+            )
         return cls(
             step_id=step,
             sender_rank=sender,
@@ -197,6 +209,7 @@ class ControlPayload:
             is_warmup=bool(flags & 1),
             is_graph_capturing=bool(flags & 2),
             is_profile=bool(flags & 4),
+            is_graph_step=bool(flags & 8),
         )
 
 

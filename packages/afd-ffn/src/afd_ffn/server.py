@@ -15,7 +15,8 @@ Each step runs inside the compute context (vLLM: ``torch.inference_mode()``,
 thread's current device; the MoE layers find themselves through the forward context).
 The received tensors move to the compute device first when the connector delivers them
 elsewhere (a CPU transport such as gloo serving a CUDA model); the result goes back as
-is, and the connector copies it into its own buffers.
+is, and the connector copies it into its own buffers. CUDA graph steps (the attention
+rank captured or replays a graph of its forward) go to :mod:`afd_ffn.graphs`.
 
 vLLM's forward context is a module global, not a thread-local: setting it from this
 thread is safe because the FFN worker's main thread never runs a forward (it only answers
@@ -45,6 +46,7 @@ from afd_core.config import afd_config_from_vllm
 from afd_core.connector import Connector, FFNStep
 from afd_core.errors import AFDConfigError, AFDPeerError, AFDProtocolError, AFDShutdown
 from afd_core.roles import build_connector, model_wire_spec, resolve_role_rank
+from afd_ffn.graphs import FFNStepGraphs
 from afd_ffn.stats import FFNStats
 from afd_models.roles import FFNModel
 
@@ -74,6 +76,8 @@ class FFNServer:
     ``on_failure`` is called on the server thread after a failure was recorded and the
     connector closed. ``device`` (a ``torch.device``, or None to leave tensors where the
     connector put them) is where the model computes: received tensors are moved there.
+    On a CUDA ``device`` graph steps are served by :class:`~afd_ffn.graphs.FFNStepGraphs`
+    with at most ``max_cuda_graphs`` captured graphs; elsewhere a graph step is an error.
     """
 
     def __init__(
@@ -84,6 +88,7 @@ class FFNServer:
         compute_context: Callable[[], AbstractContextManager[Any]],
         on_failure: Callable[[BaseException], None],
         device: Any | None = None,
+        max_cuda_graphs: int = 0,
     ) -> None:
         layers = tuple(model.afd_exchange_layers())
         if len(layers) != connector.wire.num_exchange_layers:
@@ -101,6 +106,16 @@ class FFNServer:
         self._thread: threading.Thread | None = None
         self.stats = FFNStats()
         self.error: BaseException | None = None
+        self._graphs: FFNStepGraphs | None = None
+        if getattr(device, "type", None) == "cuda":
+            self._graphs = FFNStepGraphs(
+                connector,
+                model,
+                layers,
+                device=device,
+                max_graphs=max_cuda_graphs,
+                stats=self.stats,
+            )
 
     @property
     def is_running(self) -> bool:
@@ -126,6 +141,9 @@ class FFNServer:
     def serve_step(self, step: FFNStep) -> None:
         """Compute every layer of every stage of ``step`` and send the results back."""
         with self._compute_context():
+            if step.is_graph_step:
+                self._serve_graph_step(step)
+                return
             for stage in range(step.num_stages):
                 for layer in self._layers:
                     batch = self._connector.recv_hidden(step, layer, stage)
@@ -138,6 +156,19 @@ class FFNServer:
                     self.stats.layer_exchanges += 1
         self.stats.tokens += sum(sum(counts) for counts in step.tokens)
         self.stats.steps += 1
+
+    def _serve_graph_step(self, step: FFNStep) -> None:
+        if self._graphs is None:
+            raise AFDProtocolError(
+                f"AFD FFN: attention rank(s) {step.attention_ranks} run CUDA graphs, but this "
+                "FFN rank does not compute on a CUDA device; run the FFN role on CUDA or the "
+                "attention role with --enforce-eager"
+            )
+        self._graphs.serve(step)
+        if not step.is_graph_capturing:
+            self.stats.layer_exchanges += len(self._layers) * step.num_stages
+            self.stats.tokens += sum(sum(counts) for counts in step.tokens)
+            self.stats.steps += 1
 
     def _run(self) -> None:
         rank = self._connector.role_rank
@@ -239,6 +270,7 @@ def open_ffn_server(
         compute_context=vllm_compute_context(vllm_config, device),
         on_failure=exit_worker_process,
         device=device,
+        max_cuda_graphs=config.ffn_cuda_graphs,
     )
     server.start()
     logger.info(

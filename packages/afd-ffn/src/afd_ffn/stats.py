@@ -12,13 +12,19 @@ class FFNStats:
     ``steps``: control payloads (forwards of the attention ranks) completed;
     ``layer_exchanges``: (layer, stage) batches computed and sent back; ``tokens``: tokens
     of the completed steps, summed over the attention ranks and stages of each step (a
-    token counts once per step, not once per layer). Written only by the server thread;
+    token counts once per step, not once per layer). Of the steps, CUDA graph steps:
+    ``graphs_captured`` (captures; no data flows), ``graph_replays`` (served by replaying
+    a captured graph), ``graph_steps_eager`` (served eagerly: no graph of that shape).
+    Written only by the server thread;
     readers see whole numbers (Python int updates are atomic), possibly one step behind.
     """
 
     steps: int = 0
     layer_exchanges: int = 0
     tokens: int = 0
+    graphs_captured: int = 0
+    graph_replays: int = 0
+    graph_steps_eager: int = 0
 
     def as_dict(self) -> dict[str, int]:
         """The counters as a plain dict (what ``afd_stats`` returns over vLLM's RPC)."""

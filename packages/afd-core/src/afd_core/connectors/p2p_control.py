@@ -84,7 +84,7 @@ class ControlInbox:
             while True:
                 if connector.is_closed:
                     return None
-                ready = {r: q.popleft() for r, q in self._queues.items() if q}
+                ready = self._pop_ready()
                 if ready:
                     break
                 for error in self._errors.values():
@@ -93,10 +93,29 @@ class ControlInbox:
                 self._cond.wait(1.0)
         return self._assembler.assemble(ready)
 
+    def _pop_ready(self) -> dict[int, ControlPayload]:
+        """The first payload of every rank with one queued, all of one kind.
+
+        A step is either a CUDA graph step (header-less data messages, see
+        ``ControlPayload.is_graph_step``) or an eager one: the kind of the first ready
+        rank in block order decides, ranks whose next payload is of the other kind wait
+        for the next step. Call with ``_cond`` held.
+        """
+        kind: bool | None = None
+        ready: dict[int, ControlPayload] = {}
+        for rank, queue in self._queues.items():
+            if not queue:
+                continue
+            if kind is None:
+                kind = queue[0].is_graph_step
+            if queue[0].is_graph_step == kind:
+                ready[rank] = queue.popleft()
+        return ready
+
     def _receive(self, rank: int) -> None:
         connector = self._connector
         peer = connector.topology.world_rank("attention", rank)
-        frame = connector._allocate(CONTROL_FRAME_BYTES)
+        frame = connector._allocate_control(CONTROL_FRAME_BYTES)
         addr = frame.data_ptr()
         try:
             while not connector.is_closed:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from afd_core.connector import Connector, ControlPlane, FFNLayerBatch, FFNStep, WireSpec
 from afd_core.connectors.p2p_buffers import MessageBuffers, Slot
 from afd_core.connectors.p2p_control import ControlInbox
+from afd_core.connectors.p2p_graph import GraphStepsMixin
 from afd_core.connectors.p2p_wire import (
     CONTROL_FRAME_BYTES,
     DTYPE_SIZES,
@@ -89,7 +90,7 @@ class _P2pControlPlane(ControlPlane):
         return self._connector._recv_step()
 
 
-class P2pProtocolConnector(Connector):
+class P2pProtocolConnector(GraphStepsMixin, Connector):
     """The P2P protocol over abstract transport primitives (see the module docstring).
 
     Threading: the data-plane methods and ``send_step`` are called from one thread;
@@ -126,9 +127,13 @@ class P2pProtocolConnector(Connector):
         # Attention side, per stage: (send, receive, receive slot, layer, step) in flight.
         self._inflight: dict[int, tuple[Any, Any, Slot, int, int]] = {}
         self._failure: AFDError | None = None
-        # Attention side: the FFN rank, what this rank announced, exchanges done.
+        # Attention side: the FFN rank, what this rank announced, exchanges done and
+        # expected, and whether the announced step is a CUDA graph step.
         self._announced: tuple[int, tuple[int, ...]] | None = None
         self._exchanges = 0
+        self._expected_exchanges = 0
+        self._graph_step = False
+        self._control_frame: Any = None
         if config.role == "attention":
             self._ffn_rank = self.topology.ffn_rank_of(role_rank)
             self._ffn_world = self.topology.world_rank("ffn", self._ffn_rank)
@@ -163,6 +168,10 @@ class P2pProtocolConnector(Connector):
         """A new uint8 buffer of ``nbytes`` that the transport sends from (CPU here)."""
         return self._torch.empty(nbytes, dtype=self._torch.uint8)
 
+    def _allocate_control(self, nbytes: int) -> torch.Tensor:
+        """A new uint8 buffer for one control frame (default: :meth:`_allocate`)."""
+        return self._allocate(nbytes)
+
     def _read_bytes(self, addr: int, nbytes: int) -> bytes:
         """``nbytes`` bytes at buffer address ``addr`` (CPU here)."""
         return ctypes.string_at(addr, nbytes)
@@ -184,12 +193,15 @@ class P2pProtocolConnector(Connector):
         self._torch = torch
         if self.config.role == "ffn":
             self._inbox.start()
+        else:
+            self._control_frame = self._allocate_control(CONTROL_FRAME_BYTES)
 
     def _stop_protocol(self, join_timeout_s: float = 2.0) -> None:
         """Call from ``_close`` once the transport woke its waiters."""
         self._inbox.stop(join_timeout_s)
         self._inflight.clear()
         self._plans.clear()
+        self._control_frame = None
         if self._buffers is not None:
             self._buffers.clear()
 
@@ -258,19 +270,18 @@ class P2pProtocolConnector(Connector):
                 f"signed by attention rank {payload.sender_rank}"
             )
         tokens = payload.tokens_of(self.role_rank)
-        if self._announced is not None:
+        if self._announced is not None and self._exchanges != self._expected_exchanges:
             step_id, stages = self._announced
-            expected = len(stages) * self.wire.num_exchange_layers
-            if self._exchanges != expected:
-                exc = AFDProtocolError(
-                    f"AFD: attention rank {self.role_rank} starts step {payload.step_id} after "
-                    f"{self._exchanges} layer exchanges in step {step_id}, expected {expected} "
-                    f"({self.wire.num_exchange_layers} layers x {len(stages)} stages); every "
-                    "forward must exchange at every layer and stage"
-                )
-                self._fail(exc)
-                raise exc
-        frame = self._buffers.storage(("control",), CONTROL_FRAME_BYTES)
+            exc = AFDProtocolError(
+                f"AFD: attention rank {self.role_rank} starts step {payload.step_id} after "
+                f"{self._exchanges} layer exchanges in step {step_id}, expected "
+                f"{self._expected_exchanges} ({self.wire.num_exchange_layers} layers x "
+                f"{len(stages)} stages, none for a graph replay); every forward must "
+                "exchange at every layer and stage"
+            )
+            self._fail(exc)
+            raise exc
+        frame = self._control_frame
         self._write_bytes(frame.data_ptr(), encode_control_frame(payload))
         deadline = time.monotonic() + self._timeout_s
         try:
@@ -283,6 +294,9 @@ class P2pProtocolConnector(Connector):
             raise
         self._announced = (payload.step_id, tokens)
         self._exchanges = 0
+        self._graph_step = payload.is_graph_step
+        replayed = payload.is_graph_step and not payload.is_graph_capturing
+        self._expected_exchanges = 0 if replayed else len(tokens) * self.wire.num_exchange_layers
 
     def _reject_header(self, header: TransferHeader, direction: str) -> None:
         """Raise AFDProtocolError explaining why ``header`` cannot be exchanged now."""
@@ -363,6 +377,9 @@ class P2pProtocolConnector(Connector):
                 f"AFD: attention rank {self.role_rank} sends layer {header.layer} stage {stage} "
                 "while the previous exchange of that stage awaits recv_output()"
             )
+        if self._graph_step:
+            self._send_hidden_headerless(header, hidden, router_logits)
+            return
         key, reply_key = ("a2f", stage), ("f2a", stage)
         slot = self._slots.get(key)
         if slot is None or slot.rows != n or (slot.logits_nbytes > 0) != (width > 0):
@@ -427,6 +444,8 @@ class P2pProtocolConnector(Connector):
                 self._fail(exc)
             raise exc
         sent, received, slot = inflight[:3]
+        if self._graph_step:
+            return self._recv_output_headerless(header, sent, out)
         deadline = time.monotonic() + self._timeout_s
         what = (layer, header.step_id)
         try:

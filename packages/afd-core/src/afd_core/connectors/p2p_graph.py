@@ -1,0 +1,175 @@
+"""CUDA graph steps of the P2P protocol: header-less data messages on fixed buffers.
+
+In a graph step (``ControlPayload.is_graph_step``) the attention rank's forward is a CUDA
+graph. Python runs its exchanges once, while the graph is captured (no data flows then:
+the FFN rank captures its side at the same time); each replay repeats the device work
+with no host code, so nothing per layer can be written or checked on the host. Instead:
+
+* the step's control payload, sent by the runner before every replay, is checked by
+  the FFN rank as for any step (step id in sequence, token counts, graph flag);
+* each data message is the bare tensor, sent from and received into the tensors the
+  caller passes (their addresses are what the graph records): hidden states, then
+  router logits when the layer has them (a2f); the output rows (f2a). Sizes follow from
+  the announced token counts and the wire spec, as in eager steps.
+
+The transport primitives must be capturable when the current stream is capturing
+(``_wait`` then only joins the transfer's stream, without polling). Mixed into
+:class:`~afd_core.connectors.p2p_protocol.P2pProtocolConnector`, whose attributes it uses.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from afd_core.connectors.p2p_wire import TAG_A2F, TAG_F2A
+from afd_core.errors import AFDError, AFDProtocolError
+
+if TYPE_CHECKING:
+    import torch
+
+    from afd_core.connector import FFNStep
+    from afd_core.metadata import TransferHeader
+
+
+def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 view of the contiguous ``tensor`` (same memory)."""
+    import torch
+
+    return tensor.reshape(-1).view(torch.uint8)
+
+
+class GraphStepsMixin:
+    """Header-less exchanges of graph steps (see the module docstring).
+
+    Uses these members of :class:`~afd_core.connectors.p2p_protocol.P2pProtocolConnector`
+    (declared here for readers; the protocol class sets them).
+    """
+
+    wire: Any
+    _timeout_s: float
+    _ffn_world: int
+    _inflight: dict[int, tuple[Any, ...]]
+    _exchanges: int
+    _closed: Any
+    _failure: AFDError | None
+    _post_send: Any
+    _post_recv: Any
+    _wait: Any
+    _fail: Any
+    _raise_unusable: Any
+    _block_plan: Any
+
+    # Attention side --------------------------------------------------------------------
+
+    def _send_hidden_headerless(
+        self, header: TransferHeader, hidden: torch.Tensor, router_logits: torch.Tensor | None
+    ) -> None:
+        """Post the sends of ``hidden`` (and ``router_logits``) of an already checked header."""
+        peer = self._ffn_world
+        try:
+            sent = [self._post_send(as_bytes(hidden), peer, TAG_A2F)]
+            if router_logits is not None:
+                logits = as_bytes(router_logits.contiguous())
+                sent.append(self._post_send(logits, peer, TAG_A2F))
+        except AFDError as exc:
+            self._fail(exc)
+            raise
+        self._inflight[header.stage] = (
+            tuple(sent),
+            None,
+            None,
+            header.layer,
+            header.step_id,
+        )
+
+    def _recv_output_headerless(
+        self, header: TransferHeader, sent: tuple[Any, ...], out: torch.Tensor
+    ) -> torch.Tensor:
+        """Receive the reply straight into ``out`` (posted after the sends: NCCL order)."""
+        peer = self._ffn_world
+        deadline = time.monotonic() + self._timeout_s
+        what = (header.layer, header.step_id)
+        try:
+            received = self._post_recv(as_bytes(out), peer, TAG_F2A)
+            for handle in (*sent, received):
+                self._wait(handle, peer, deadline, what)
+        except AFDError as exc:
+            self._fail(exc)
+            raise
+        self._exchanges += 1
+        return out
+
+    # FFN side --------------------------------------------------------------------------
+
+    def _check_graph_rows(
+        self, step: FFNStep, layer: int, stage: int, name: str, tensor: Any, width: int
+    ) -> None:
+        if not step.is_graph_step:
+            raise AFDProtocolError(
+                f"AFD: step {step.payloads[0].step_id} is not a CUDA graph step; its messages "
+                "carry headers: use recv_hidden/send_output"
+            )
+        rows = sum(step.stage_tokens(stage))
+        if tensor.shape != (rows, width) or not tensor.is_contiguous():
+            raise AFDProtocolError(
+                f"AFD: {name} of layer {layer} stage {stage} is {tuple(tensor.shape)}; the "
+                f"step needs a contiguous ({rows}, {width}) tensor"
+            )
+
+    def recv_hidden_into(
+        self,
+        step: FFNStep,
+        layer: int,
+        stage: int,
+        hidden: torch.Tensor,
+        router_logits: torch.Tensor | None,
+    ) -> None:
+        """See :meth:`afd_core.connector.Connector.recv_hidden_into`."""
+        if self._closed.is_set() or self._failure is not None:
+            self._raise_unusable()
+        wire = self.wire
+        width = wire.logits_width_at(layer)
+        self._check_graph_rows(step, layer, stage, "hidden", hidden, wire.hidden_size)
+        if (router_logits is None) != (width == 0):
+            raise AFDProtocolError(
+                f"AFD: layer {layer} has {width} router-logit columns on the wire; pass "
+                "router_logits exactly when it has some"
+            )
+        if router_logits is not None:
+            self._check_graph_rows(step, layer, stage, "router_logits", router_logits, width)
+        entries = self._block_plan(step, stage)
+        deadline = time.monotonic() + self._timeout_s
+        try:
+            posted, start = [], 0
+            for entry in entries:
+                rows = slice(start, start + entry.rows)
+                posted.append((self._post_recv(as_bytes(hidden[rows]), entry.peer, TAG_A2F), entry))
+                if router_logits is not None:
+                    logits = as_bytes(router_logits[rows])
+                    posted.append((self._post_recv(logits, entry.peer, TAG_A2F), entry))
+                start += entry.rows
+            for handle, entry in posted:
+                self._wait(handle, entry.peer, deadline, (layer, entry.step_id))
+        except AFDError as exc:
+            self._fail(exc)
+            raise
+
+    def send_output_from(self, step: FFNStep, layer: int, stage: int, output: torch.Tensor) -> None:
+        """See :meth:`afd_core.connector.Connector.send_output_from`."""
+        if self._closed.is_set() or self._failure is not None:
+            self._raise_unusable()
+        self._check_graph_rows(step, layer, stage, "output", output, self.wire.hidden_size)
+        entries = self._block_plan(step, stage)
+        deadline = time.monotonic() + self._timeout_s
+        try:
+            posted, start = [], 0
+            for entry in entries:
+                part = as_bytes(output[start : start + entry.rows])
+                posted.append((self._post_send(part, entry.peer, TAG_F2A), entry))
+                start += entry.rows
+            for handle, entry in posted:
+                self._wait(handle, entry.peer, deadline, (layer, entry.step_id))
+        except AFDError as exc:
+            self._fail(exc)
+            raise
