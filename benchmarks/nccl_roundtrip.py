@@ -11,13 +11,21 @@ count and hidden size (bf16) the same run alternates, layer by layer:
   processes.
 
 Both are timed on the attention rank from the host (``time.perf_counter``), each ending
-with a synchronisation of the current stream, eager. With ``--graph`` the raw ping-pong
-is also captured in a CUDA graph of ``BLOCK`` round trips on a third NCCL group (warmed
-up before capture, ``capture_error_mode="thread_local"``) and timed with CUDA events: the
-floor a captured data plane could reach. The connector itself is not capturable (it
-checks every header on the host). ``NCCL_GRAPH_MIXING_SUPPORT=0`` is set for both
-processes unless already set; safe here since no communicator mixes captured and
-uncaptured ops.
+with a synchronisation of the current stream, eager. With ``--graph`` two more, timed
+with CUDA events on the attention rank:
+
+* **raw graph**: the raw ping-pong captured in a CUDA graph of ``BLOCK`` round trips on
+  a third NCCL group (warmed up before capture): the floor;
+* **connector graph**: the connector's graph steps (header-less messages): each side
+  captures ``BLOCK`` layers of its exchange (attention: ``send_hidden`` +
+  ``recv_output``; FFN: ``recv_hidden_into`` + ``send_output_from``, identity compute)
+  when the attention rank announces the capture step; then every timed step is one
+  control payload (``send_step``) and one replay per side, queued back to back as a
+  decoding attention rank does. The per-step control payload and the FFN rank's host
+  turnaround (it waits for each replay before taking the next step) are included,
+  spread over the step's ``BLOCK`` layers.
+
+``NCCL_GRAPH_MIXING_SUPPORT=0`` is set for both processes unless already set.
 
 Prints one table: medians and 10th percentiles (µs), connector / raw ratios, and the
 graph floor. Usage (needs two CUDA devices, afd-core and afd-connectors-gpu)::
@@ -55,6 +63,7 @@ class RoundTrip:
     raw_us: tuple[float, ...]
     conn_us: tuple[float, ...]
     graph_us: tuple[float, ...]
+    conn_graph_us: tuple[float, ...] = ()
 
     @property
     def nbytes(self) -> int:
@@ -155,8 +164,70 @@ def _ffn(
                 for _ in range(GRAPH_REPLAYS + 3):
                     g.replay()
                 torch.cuda.synchronize()
+                _ffn_connector_graph(torch, conn, buf.view(tokens, hidden))
         conn.close()
         conn_port += 1
+
+
+def _ffn_connector_graph(torch: Any, conn: Any, buf: Any) -> None:
+    """FFN side of the connector graph: capture on the capture step, replay the others."""
+    step = conn.control_plane.recv_step()
+    assert step.is_graph_capturing, "expected the capture step"
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        for layer in range(BLOCK):
+            conn.recv_hidden_into(step, layer, 0, buf, None)
+            conn.send_output_from(step, layer, 0, buf)
+    for _ in range(GRAPH_REPLAYS + 3):
+        step = conn.control_plane.recv_step()
+        assert step.is_graph_step and not step.is_graph_capturing
+        graph.replay()
+        conn.wait_for_stream("a benchmark replay")
+
+
+def _attention_connector_graph(
+    torch: Any, conn: Any, x: Any, y: Any, step_id: int
+) -> tuple[tuple[float, ...], int]:
+    """Attention side of the connector graph; per-layer µs of each timed replay."""
+    from afd_core.connectors.p2p_wire import a2f_header
+    from afd_core.metadata import AFDDPMetadata, ControlPayload
+
+    tokens = x.shape[0]
+
+    def payload(capturing: bool) -> Any:
+        return ControlPayload(
+            step_id,
+            0,
+            (AFDDPMetadata(0, (tokens,)),),
+            is_graph_capturing=capturing,
+            is_graph_step=True,
+        )
+
+    y.zero_()
+    torch.cuda.synchronize()
+    conn.control_plane.send_step(payload(True))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # vLLM's capture mode (global)
+        for layer in range(BLOCK):
+            header = a2f_header(step_id, layer, 0, tokens, 0, conn.wire)
+            conn.send_hidden(header, x)
+            conn.recv_output(header, y)
+    step_id += 1
+    events = []
+    for _ in range(GRAPH_REPLAYS + 3):
+        conn.control_plane.send_step(payload(False))
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        conn.watch_graph_replay(step_id)
+        events.append((start, end))
+        step_id += 1
+    torch.cuda.synchronize()
+    if not torch.equal(x, y):
+        raise AssertionError("the connector's captured round trip changed the data")
+    timed = tuple(s.elapsed_time(e) * 1e3 / BLOCK for s, e in events[3:])
+    return timed, step_id
 
 
 def _attention(
@@ -226,7 +297,19 @@ def _attention(
                         graph_us.append(start.elapsed_time(end) * 1e3 / BLOCK)
                 if not torch.equal(x.view(-1), pong):
                     raise AssertionError("the captured round trip changed the data")
-            rows.append(RoundTrip(tokens, hidden, tuple(raw_us), tuple(conn_us), tuple(graph_us)))
+                conn_graph_us, step_id = _attention_connector_graph(torch, conn, x, y, step_id)
+            else:
+                conn_graph_us = ()
+            rows.append(
+                RoundTrip(
+                    tokens,
+                    hidden,
+                    tuple(raw_us),
+                    tuple(conn_us),
+                    tuple(graph_us),
+                    conn_graph_us,
+                )
+            )
         conn.close()
         conn_port += 1
     out.put(rows)
@@ -259,19 +342,22 @@ def format_table(rows: Sequence[RoundTrip], rounds: int) -> str:
         f"per-layer round trip in µs over {rounds * BLOCK} layers, cuda:{ATTENTION_DEVICE} "
         f"<-> cuda:{FFN_DEVICE}, bf16, eager (host timed, stream synchronised); the "
         "connector adds a 64-byte header each way; graph: raw ping-pong captured "
-        f"{BLOCK} times per graph, CUDA-event timed; NCCL_GRAPH_MIXING_SUPPORT={mixing}",
+        f"{BLOCK} times per graph, and the connector's graph steps ({BLOCK} layers and one "
+        "control payload per step), CUDA-event timed per replay, medians; "
+        f"NCCL_GRAPH_MIXING_SUPPORT={mixing}",
         f"{'tokens':>6} {'hidden':>6} {'bytes/dir':>10} | {'raw med':>8} {'conn med':>8} "
         f"{'ratio':>5} {'+us':>6} | {'raw p10':>8} {'conn p10':>8} {'ratio':>5} | "
-        f"{'graph med':>9} {'conn/gr':>7}",
+        f"{'graph med':>9} {'conn gr':>7} {'ratio':>5}",
     ]
     for row in rows:
         raw_med, conn_med = statistics.median(row.raw_us), statistics.median(row.conn_us)
         raw_p10, conn_p10 = _p10(row.raw_us), _p10(row.conn_us)
-        if row.graph_us:
+        if row.graph_us and row.conn_graph_us:
             graph_med = statistics.median(row.graph_us)
-            graph = f"{graph_med:>9.1f} {conn_med / graph_med:>7.2f}"
+            conn_graph_med = statistics.median(row.conn_graph_us)
+            graph = f"{graph_med:>9.1f} {conn_graph_med:>7.1f} {conn_graph_med / graph_med:>5.2f}"
         else:
-            graph = f"{'-':>9} {'-':>7}"
+            graph = f"{'-':>9} {'-':>7} {'-':>5}"
         lines.append(
             f"{row.tokens:>6} {row.hidden:>6} {row.nbytes:>10} | {raw_med:>8.1f} "
             f"{conn_med:>8.1f} {conn_med / raw_med:>5.2f} {conn_med - raw_med:>6.1f} | "

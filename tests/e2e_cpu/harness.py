@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 from afd_core.launch import ServerSpec, VllmServer, free_ports
 from afd_core.launch.processes import session_processes, started_sessions
@@ -191,17 +192,22 @@ class MonolithicServers:
         self.work_dir = work_dir
         self.cache_root = cache_root
         self.extra_args = tuple(extra_args)
-        self._servers: dict[tuple[Path, bool, tuple[tuple[str, str], ...]], VllmServer] = {}
+        self._servers: dict[tuple[Any, ...], VllmServer] = {}
 
     def get(
         self,
         model: Path,
         enforce_eager: bool = True,
         extra_env: Mapping[str, str] | None = None,
+        extra_args: Sequence[str] | None = None,
     ) -> VllmServer:
-        """The healthy server of ``model`` with ``extra_env`` set, started on first use."""
+        """The healthy server of ``model`` with ``extra_env`` set, started on first use.
+
+        ``extra_args`` replaces the arguments given at construction for this server.
+        """
         env = tuple(sorted((extra_env or {}).items()))
-        key = (Path(model), enforce_eager, env)
+        args = self.extra_args if extra_args is None else tuple(extra_args)
+        key = (Path(model), enforce_eager, env, args)
         if key not in self._servers:
             (port,) = free_ports(1)
             mode = "eager" if enforce_eager else "compiled"
@@ -211,7 +217,7 @@ class MonolithicServers:
                 model=Path(model),
                 port=port,
                 enforce_eager=enforce_eager,
-                extra_args=self.extra_args,
+                extra_args=args,
                 extra_env=MappingProxyType(dict(env)),
             )
             server = VllmServer(spec, self.work_dir, self.cache_root)

@@ -7,6 +7,7 @@ its ``HARNESS_CLI_ARGS`` go to every server; on an ordinary CUDA install nothing
 
 from __future__ import annotations
 
+import json
 import os
 import runpy
 
@@ -22,9 +23,30 @@ def harness_cli_args() -> tuple[str, ...]:
     return tuple(runpy.run_path(path)["HARNESS_CLI_ARGS"])
 
 
-def server_args() -> tuple[str, ...]:
-    """The extra command-line arguments of every server of this suite."""
-    return (*harness_cli_args(), "--gpu-memory-utilization", GPU_MEMORY_UTILIZATION)
+def server_args(graphs: bool = False) -> tuple[str, ...]:
+    """The extra command-line arguments of every server of this suite.
+
+    ``graphs``: capture FULL_DECODE_ONLY CUDA graphs (the harness's eager flag dropped,
+    ``cudagraph_mode`` merged into its compilation config); the server must then be
+    started without ``--enforce-eager``.
+    """
+    args = list(harness_cli_args())
+    if graphs:
+        args = with_full_decode_graphs(args)
+    return (*args, "--gpu-memory-utilization", GPU_MEMORY_UTILIZATION)
+
+
+def with_full_decode_graphs(args: list[str]) -> list[str]:
+    """``args`` without ``--enforce-eager`` and with ``cudagraph_mode`` FULL_DECODE_ONLY."""
+    args = [a for a in args if a != "--enforce-eager"]
+    flag = "--compilation-config"
+    if flag in args:
+        i = args.index(flag) + 1
+        config = json.loads(args[i]) | {"cudagraph_mode": "FULL_DECODE_ONLY"}
+        args[i] = json.dumps(config)
+    else:
+        args += [flag, json.dumps({"cudagraph_mode": "FULL_DECODE_ONLY"})]
+    return args
 
 
 def cuda_device_count() -> int:

@@ -4,7 +4,9 @@ Each case starts a 1A1F AFD deployment (FFN and attention vLLM servers with the 
 workers that ``worker_cls="auto"`` resolves to) and compares what the official ``openai``
 client gets from the attention server with what it gets from a plain vLLM server of the
 same tiny Qwen3-MoE under the same model runner. Coverage: gate on FFN and on attention,
-Model Runner V2 (vLLM's CUDA default) and V1 (``VLLM_USE_V2_MODEL_RUNNER=0``), eager.
+Model Runner V2 (vLLM's CUDA default) and V1 (``VLLM_USE_V2_MODEL_RUNNER=0``), eager and
+FULL_DECODE_ONLY CUDA graphs (NCCL only; the monolithic reference then captures the same
+graphs, and the AFD output is also compared with monolithic eager output).
 
 With ``P2pGlooAFDConnector`` (a CPU transport) both roles share GPU 0: the attention
 role's tensors cross to the host inside the connector and the FFN server moves what it
@@ -58,12 +60,14 @@ class Case:
     gate_on_attention: bool
     connector: str = "P2pGlooAFDConnector"
     ffn_first: bool = True
+    graphs: bool = False
 
     @property
     def id(self) -> str:
         gate = "gate-attn" if self.gate_on_attention else "gate-ffn"
         order = "ffn-first" if self.ffn_first else "attn-first"
-        return f"{MODEL}-1A1F-{gate}-runner-{self.runner}-{self.connector}-{order}"
+        mode = "graphs" if self.graphs else "eager"
+        return f"{MODEL}-1A1F-{gate}-runner-{self.runner}-{self.connector}-{order}-{mode}"
 
     @property
     def role_env(self) -> dict[str, dict[str, str]]:
@@ -81,6 +85,10 @@ CASES = [
     Case("v1", gate_on_attention=False),
     Case("v2", gate_on_attention=False, connector=NCCL, ffn_first=False),
     Case("v1", gate_on_attention=True, connector=NCCL, ffn_first=True),
+    Case("v2", gate_on_attention=False, connector=NCCL, ffn_first=False, graphs=True),
+    Case("v1", gate_on_attention=True, connector=NCCL, ffn_first=True, graphs=True),
+    Case("v2", gate_on_attention=True, connector=NCCL, ffn_first=True, graphs=True),
+    Case("v1", gate_on_attention=False, connector=NCCL, ffn_first=False, graphs=True),
 ]
 
 
@@ -106,14 +114,23 @@ def test_afd_on_cuda_serves_the_same_tokens_as_monolithic_vllm(
         pytest.skip(f"{NCCL} needs two GPUs (one per role); this host has {_gpu_count()}")
     model = tiny_models / MODEL
     env = RUNNER_ENV[case.runner]
-    reference = complete(monolithic_servers.get(model, extra_env=env).url, PROMPTS, MAX_TOKENS)
+    eager_reference = complete(
+        monolithic_servers.get(model, extra_env=env).url, PROMPTS, MAX_TOKENS
+    )
+    reference = eager_reference
+    if case.graphs:
+        graph_server = monolithic_servers.get(
+            model, enforce_eager=False, extra_env=env, extra_args=server_args(graphs=True)
+        )
+        reference = complete(graph_server.url, PROMPTS, MAX_TOKENS)
     spec = DeploymentSpec(
         model=model,
         compute_gate_on_attention=case.gate_on_attention,
         connector=case.connector,
         ffn_first=case.ffn_first,
         stagger_s=3.0,
-        extra_args=server_args(),
+        enforce_eager=not case.graphs,
+        extra_args=server_args(graphs=case.graphs),
         extra_env=env,
         role_env=case.role_env,
         start_timeout_s=START_TIMEOUT_S,
@@ -124,10 +141,19 @@ def test_afd_on_cuda_serves_the_same_tokens_as_monolithic_vllm(
         attention_log = deployment.attention_servers[0].log_path.read_text(errors="replace")
     tokens_equal = [c.token_ids for c in afd] == [c.token_ids for c in reference]
     diff = max_logprob_difference(afd, reference)
+    eager_tokens_equal = [c.token_ids for c in afd] == [c.token_ids for c in eager_reference]
+    eager_diff = max_logprob_difference(afd, eager_reference)
     print(
         f"RESULT {case.id}: tokens equal {tokens_equal} ({len(PROMPTS)} prompts x "
-        f"{MAX_TOKENS} tokens), max |logprob diff| {diff:.6f} nats, FFN stats {stats}"
+        f"{MAX_TOKENS} tokens), max |logprob diff| {diff:.6f} nats; against monolithic "
+        f"eager: tokens equal {eager_tokens_equal}, max |logprob diff| {eager_diff:.6f}; "
+        f"FFN stats {stats}"
     )
+    if case.graphs:
+        # Decode steps replayed graphs on both roles, and greedy tokens do not depend on it.
+        assert stats["graphs_captured"] > 0 and stats["graph_replays"] > 0, stats
+        assert eager_tokens_equal
+        assert eager_diff <= LOGPROB_TOLERANCE
     assert (V2_LOG_LINE in attention_log) == (case.runner == "v2")
     assert "AFD attention rank 0: connected" in attention_log
     assert tokens_equal, f"{[c.token_ids for c in afd]} != {[c.token_ids for c in reference]}"

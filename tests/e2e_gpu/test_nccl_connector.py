@@ -162,6 +162,140 @@ def attend_then_lose_the_reply(port: int) -> tuple[str, str]:
     return "nothing", "recv_output returned without a reply"
 
 
+#: Graph-step plan of the attention rank: ("eager", n), ("capture", n) or ("replay", n).
+GRAPH_PLAN = (
+    ("eager", 5),
+    ("capture", 8),
+    ("replay", 8),
+    ("replay", 8),
+    ("capture", 16),  # the FFN rank keeps one graph: this evicts the 8-token one
+    ("replay", 16),
+    ("replay", 8),  # served eagerly by the FFN rank now
+    ("eager", 3),
+    ("replay", 16),
+)
+
+
+class KnownFFN:
+    """An FFN model computing :func:`ffn_function` (what FFNStepGraphs captures)."""
+
+    def afd_exchange_layers(self) -> tuple[int, ...]:
+        return tuple(range(LAYERS))
+
+    def afd_compute_ffn(self, layer: int, hidden: Any, router_logits: Any) -> Any:
+        return ffn_function(hidden, layer, router_logits)
+
+
+def serve_graph_steps(port: int, gate: bool) -> dict[str, Any]:
+    """FFN rank: eager steps by hand, graph steps through FFNStepGraphs (one graph kept)."""
+    import torch
+
+    from afd_ffn.graphs import FFNStepGraphs
+    from afd_ffn.stats import FFNStats
+
+    conn = connect("ffn", port, FFN_DEVICE, gate)
+    stats = FFNStats()
+    graphs = FFNStepGraphs(
+        conn,
+        KnownFFN(),
+        tuple(range(LAYERS)),
+        device=torch.device("cuda", FFN_DEVICE),
+        max_graphs=1,
+        stats=stats,
+    )
+    kinds = []
+    try:
+        for _ in GRAPH_PLAN:
+            step = conn.control_plane.recv_step()
+            kinds.append((step.is_graph_step, step.is_graph_capturing, step.tokens[0][0]))
+            if step.is_graph_step:
+                graphs.serve(step)
+                continue
+            for layer in range(LAYERS):
+                batch = conn.recv_hidden(step, layer, 0)
+                conn.send_output(batch, ffn_function(batch.hidden, layer, batch.router_logits))
+    finally:
+        conn.close()
+    return {
+        "kinds": kinds,
+        "stats": stats.as_dict(),
+        "cached": [k[1] for k in graphs.cached_shapes],
+    }
+
+
+def attend_graph_steps(port: int, gate: bool) -> dict[str, Any]:
+    """Attention rank: capture whole steps in CUDA graphs as vLLM does, replay, check."""
+    import torch
+
+    from afd_core.connectors.p2p_wire import a2f_header
+    from afd_core.metadata import AFDDPMetadata, ControlPayload
+
+    conn = connect("attention", port, ATTENTION_DEVICE, gate)
+    spec, device = conn.wire, torch.device("cuda", ATTENTION_DEVICE)
+    gen = torch.Generator(device=device).manual_seed(11)
+    graphs: dict[int, tuple[Any, Any, Any, list[Any]]] = {}
+    mismatches, checked = [], 0
+
+    def random_inputs(n: int) -> tuple[Any, Any]:
+        hidden = torch.randint(-50, 50, (n, spec.hidden_size), generator=gen, device=device)
+        logits = torch.randint(-4, 4, (n, max(spec.router_logits_width, 1)), generator=gen,
+                               device=device)  # fmt: skip
+        return hidden.to(torch.bfloat16), logits.float()
+
+    def exchange_all(step_id: int, hidden: Any, logits: Any) -> list[Any]:
+        outs = []
+        for layer in range(LAYERS):
+            x = hidden + layer  # some device work between exchanges, as in a model
+            lg = logits if spec.logits_width_at(layer) else None
+            header = a2f_header(step_id, layer, 0, hidden.shape[0], 0, spec)
+            conn.send_hidden(header, x, lg)
+            outs.append(conn.recv_output(header, torch.empty_like(x)))
+        return outs
+
+    def check(step_id: int, hidden: Any, logits: Any, outs: list[Any]) -> None:
+        nonlocal checked
+        for layer, out in enumerate(outs):
+            lg = logits if spec.logits_width_at(layer) else None
+            if not torch.equal(out, ffn_function(hidden + layer, layer, lg)):
+                mismatches.append((step_id, layer))
+            checked += 1
+
+    try:
+        for step_id, (kind, n) in enumerate(GRAPH_PLAN):
+            payload = ControlPayload(
+                step_id,
+                0,
+                (AFDDPMetadata(0, (n,)),),
+                is_graph_capturing=kind == "capture",
+                is_graph_step=kind != "eager",
+            )
+            if kind == "eager":
+                conn.control_plane.send_step(payload)
+                hidden, logits = random_inputs(n)
+                check(step_id, hidden, logits, exchange_all(step_id, hidden, logits))
+            elif kind == "capture":
+                hidden, logits = random_inputs(n)
+                torch.cuda.synchronize()
+                conn.control_plane.send_step(payload)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):  # vLLM's capture mode (global)
+                    outs = exchange_all(step_id, hidden, logits)
+                graphs[n] = (graph, hidden, logits, outs)
+            else:
+                graph, hidden, logits, outs = graphs[n]
+                fresh_hidden, fresh_logits = random_inputs(n)
+                hidden.copy_(fresh_hidden)
+                logits.copy_(fresh_logits)
+                conn.control_plane.send_step(payload)
+                graph.replay()
+                conn.watch_graph_replay(step_id)
+                torch.cuda.synchronize()
+                check(step_id, hidden, logits, outs)
+    finally:
+        conn.close()
+    return {"mismatches": mismatches, "checked": checked}
+
+
 # Process handling --------------------------------------------------------------------------
 
 
@@ -260,3 +394,24 @@ def test_a_message_of_another_layer_is_detected_by_the_header_check(
     attention_error, attention_message = results["attention"]
     assert attention_error == "AFDPeerError", attention_message
     print(f"RESULT nccl header mismatch: {ffn_message}")
+
+
+@pytest.mark.parametrize("gate", [False, True], ids=["gate-on-ffn", "gate-on-attention"])
+def test_graph_steps_captured_on_both_sides_replay_the_ffn_function_exactly(
+    ranks: Ranks, port: int, gate: bool
+) -> None:
+    ranks.start("ffn", serve_graph_steps, port, gate)
+    ranks.start("attention", attend_graph_steps, port, gate)
+    results = ranks.join()
+    ffn, attention = results["ffn"], results["attention"]
+    assert attention["mismatches"] == []
+    computed = sum(1 for kind, _ in GRAPH_PLAN if kind != "capture") * LAYERS
+    assert attention["checked"] == computed
+    expected_kinds = [(k != "eager", k == "capture", n) for k, n in GRAPH_PLAN]
+    assert ffn["kinds"] == expected_kinds
+    stats = ffn["stats"]
+    assert stats["graphs_captured"] == 2
+    assert stats["graph_replays"] == 4  # 8, 8, then 16, 16
+    assert stats["graph_steps_eager"] == 1  # the 8-token replay after its graph was evicted
+    assert ffn["cached"] == [((16,),)]
+    print(f"RESULT nccl graph steps gate={gate}: {attention['checked']} exact, FFN {stats}")

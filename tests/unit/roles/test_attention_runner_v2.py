@@ -11,8 +11,8 @@ from afd_attention.step_driver import METADATA_KEY, StepDriver, StepFlags
 from afd_core.errors import AFDError
 from tests.unit.roles.fakes import (
     WIRE,
-    FakeTensor,
     FakeStream,
+    FakeTensor,
     RecordingConnector,
     make_config,
     new_fake_output,

@@ -12,8 +12,8 @@ from afd_core.errors import AFDProtocolError
 from afd_core.metadata import AFDDPMetadata, ControlPayload, TransferHeader
 from tests.unit.roles.fakes import (
     WIRE,
-    FakeTensor,
     FakeStream,
+    FakeTensor,
     RecordingConnector,
     make_config,
     new_fake_output,
