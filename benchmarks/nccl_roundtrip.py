@@ -205,9 +205,9 @@ def _attention_connector_graph(
 
     y.zero_()
     torch.cuda.synchronize()
-    conn.control_plane.send_step(payload(True))
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):  # vLLM's capture mode (global)
+    with conn.graph_capture(), torch.cuda.graph(graph):  # vLLM's capture mode (global)
+        conn.control_plane.send_step(payload(True))
         for layer in range(BLOCK):
             header = a2f_header(step_id, layer, 0, tokens, 0, conn.wire)
             conn.send_hidden(header, x)

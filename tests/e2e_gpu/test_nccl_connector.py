@@ -276,9 +276,9 @@ def attend_graph_steps(port: int, gate: bool) -> dict[str, Any]:
             elif kind == "capture":
                 hidden, logits = random_inputs(n)
                 torch.cuda.synchronize()
-                conn.control_plane.send_step(payload)
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):  # vLLM's capture mode (global)
+                with conn.graph_capture(), torch.cuda.graph(graph):  # vLLM's mode: global
+                    conn.control_plane.send_step(payload)
                     outs = exchange_all(step_id, hidden, logits)
                 graphs[n] = (graph, hidden, logits, outs)
             else:

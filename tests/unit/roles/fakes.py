@@ -10,6 +10,8 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,6 +129,12 @@ class RecordingConnector(Connector):
 
     def watch_graph_replay(self, step_id: int) -> None:
         self.events.append(("watch_graph_replay", step_id))
+
+    @contextmanager
+    def graph_capture(self) -> Iterator[None]:
+        self.events.append(("graph_capture", "enter"))
+        yield
+        self.events.append(("graph_capture", "exit"))
 
     def recv_hidden(self, step: FFNStep, layer: int, stage: int) -> FFNLayerBatch:
         if self.fail_recv_hidden is not None:

@@ -99,8 +99,12 @@ class AttentionRunnerMixin(_DriverHolder):
         """Run vLLM's dummy forward with its purpose (profile, capture, warm-up) recorded."""
         dummy_run = super()._dummy_run  # type: ignore[misc]
         flags = dummy_run_flags(dummy_run, num_tokens, args, kwargs)
-        with self._afd_require_driver().dummy_flags(flags):
-            return dummy_run(num_tokens, *args, **kwargs)
+        driver = self._afd_require_driver()
+        with driver.dummy_flags(flags):
+            if not flags.is_graph_capturing:
+                return dummy_run(num_tokens, *args, **kwargs)
+            with driver.graph_capture():
+                return dummy_run(num_tokens, *args, **kwargs)
 
 
 class AttentionRunnerV2Mixin(_DriverHolder):
@@ -129,7 +133,7 @@ class AttentionRunnerV2Mixin(_DriverHolder):
         manager = getattr(self, "cudagraph_manager", None)
         if manager is not None:
             announce_full_graph_replays(manager, driver)
-        with driver.dummy_flags(CAPTURE):
+        with driver.dummy_flags(CAPTURE), driver.graph_capture():
             return super().capture_model(*args, **kwargs)  # type: ignore[misc]
 
 

@@ -30,7 +30,7 @@ state machine is tested with a fake connector and fake tensors.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -175,6 +175,10 @@ class StepDriver:
         self._step_slot()[METADATA_KEY] = metadata
         self._active = _ActiveStep(metadata)
         return metadata
+
+    def graph_capture(self) -> AbstractContextManager[None]:
+        """The connector's context for CUDA graph captures (``Connector.graph_capture``)."""
+        return self._connector.graph_capture()
 
     def replay_step(self, num_tokens: int, replay: Callable[[], T]) -> T:
         """Announce a CUDA graph replay of ``num_tokens`` tokens, run ``replay()``, watch it.

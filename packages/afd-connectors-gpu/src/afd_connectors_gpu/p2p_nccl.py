@@ -47,7 +47,7 @@ import ctypes
 import os
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -300,13 +300,8 @@ class P2pNcclAFDConnector(P2pGlooAFDConnector):
 
     def _send_step(self, payload: ControlPayload) -> None:
         """Send the payload; an eager step first waits for the replays still running."""
-        replays = self._replays
-        if not payload.is_graph_step and replays is not None and replays.pending():
-            deadline = time.monotonic() + self._timeout_s
-            if not replays.drain(deadline, lambda: self.is_closed or self._failure is not None):
-                if self._failure is None and not self.is_closed:
-                    self._replay_overran(payload.step_id - 1)
-                self._raise_unusable()
+        if not payload.is_graph_step:
+            self._drain_replays(f"eager step {payload.step_id}")
         super()._send_step(payload)
 
     def watch_graph_replay(self, step_id: int) -> None:
@@ -322,13 +317,38 @@ class P2pNcclAFDConnector(P2pGlooAFDConnector):
         event.record(torch.cuda.current_stream(self._device))
         self._replays.add(step_id, event)
 
-    def _replay_overran(self, step_id: int) -> None:
-        exc = self._peer_failure(
-            self._ffn_world,
-            f"the CUDA graph replay of step {step_id}",
-            "replay still running",
-            True,
+    @contextlib.contextmanager
+    def graph_capture(self) -> Iterator[None]:
+        """See :meth:`afd_core.connector.Connector.graph_capture`."""
+        replays = self._replays
+        if replays is None:
+            yield
+            return
+        self._drain_replays("a CUDA graph capture")
+        replays.pause()
+        try:
+            yield
+        finally:
+            replays.resume()
+
+    def _drain_replays(self, before: str) -> None:
+        """Wait (bounded) for every watched replay to finish; raise if one overran."""
+        replays = self._replays
+        if replays is None or not replays.pending():
+            return
+        deadline = time.monotonic() + self._timeout_s
+        if not replays.drain(deadline, lambda: self.is_closed or self._failure is not None):
+            if self._failure is None and not self.is_closed:
+                self._replay_overran(-1, before)
+            self._raise_unusable()
+
+    def _replay_overran(self, step_id: int, before: str = "") -> None:
+        what = (
+            f"the CUDA graph replays before {before}"
+            if before
+            else f"the CUDA graph replay of step {step_id}"
         )
+        exc = self._peer_failure(self._ffn_world, what, "replay still running", True)
         self._fail(exc)
         self._abort_transfers()
 

@@ -7,9 +7,10 @@ a daemon thread polls the oldest one: once a replay is still running ``timeout_s
 it was queued, ``on_timeout(step_id)`` runs (once) on that thread; the connector fails
 and aborts its transfers there, which ends the replay.
 
-The thread makes no CUDA call while nothing is pending (so it never disturbs a graph
-capture, which happens before the first replay). Events only need ``query()``; torch is
-not imported here.
+The thread makes no CUDA call while nothing is pending or while it is paused
+(:meth:`ReplayWatch.pause`, around graph captures: vLLM captures in CUDA's global mode,
+which forbids event queries from any thread). Events only need ``query()``; torch is not
+imported here.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class ReplayWatch:
         self._pending: deque[tuple[int, Any, float]] = deque()
         self._cond = threading.Condition()
         self._stopped = False
+        self._paused = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -59,6 +61,17 @@ class ReplayWatch:
                 return False
             time.sleep(POLL_S)
 
+    def pause(self) -> None:
+        """Stop polling (until :meth:`resume`); returns once no poll is in progress."""
+        with self._cond:
+            self._paused = True
+
+    def resume(self) -> None:
+        """Poll again after :meth:`pause`."""
+        with self._cond:
+            self._paused = False
+            self._cond.notify()
+
     def stop(self, join_timeout_s: float = 2.0) -> None:
         """End the thread (idempotent); pending replays are no longer watched."""
         with self._cond:
@@ -71,7 +84,7 @@ class ReplayWatch:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._pending and not self._stopped:
+                while (not self._pending or self._paused) and not self._stopped:
                     self._cond.wait()
                 if self._stopped:
                     return

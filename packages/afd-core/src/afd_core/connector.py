@@ -26,6 +26,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -286,6 +287,15 @@ class Connector(ABC):
         FFN side: called after replaying a captured step. Raises AFDPeerError (and
         closes the connector, ending the pending transfers) when it takes longer than
         ``afd_process_group_timeout_s``, AFDShutdown when the connector is closed.
+        """
+        raise NotImplementedError(f"{self.name} does not support CUDA graph steps")
+
+    def graph_capture(self) -> AbstractContextManager[None]:
+        """Attention side: a context around the capture of CUDA graphs in this process.
+
+        Entering waits (bounded) for the replays still running; inside, the connector
+        makes no CUDA call from its own threads (a capture in vLLM's global mode forbids
+        them in every thread of the process).
         """
         raise NotImplementedError(f"{self.name} does not support CUDA graph steps")
 
