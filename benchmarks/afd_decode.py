@@ -142,12 +142,12 @@ def _decode_times(
         deployment.start()
         endpoints = {"monolithic": monolithic.url, "afd": deployment.endpoint}
         for url in endpoints.values():  # warm-up: the first requests of a server are slower
-            _per_token_ms(url, model.name, max(BATCHES), 8)
+            per_token_ms(url, model.name, max(BATCHES), 8)
         times: dict[tuple[str, int], list[float]] = {}
         for batch in BATCHES:
             for _ in range(repeats):
                 for label, url in endpoints.items():
-                    ms = _per_token_ms(url, model.name, batch, max_tokens)
+                    ms = per_token_ms(url, model.name, batch, max_tokens)
                     times.setdefault((label, batch), []).append(ms)
             print(f"  B={batch}: " + ", ".join(f"{k[0]} {v}" for k, v in _rounded(times, batch)))
         return times
@@ -158,7 +158,7 @@ def _decode_times(
             print(f"WARNING: processes left: {leftover + monolithic.leftover_pids()}")
 
 
-def _per_token_ms(url: str, model: str, batch: int, max_tokens: int) -> float:
+def per_token_ms(url: str, model: str, batch: int, max_tokens: int) -> float:
     """One streaming request of ``batch`` prompts; its decode time per output token (ms)."""
     import openai
 

@@ -208,6 +208,7 @@ def serve_graph_steps(port: int, gate: bool) -> dict[str, Any]:
         for _ in GRAPH_PLAN:
             step = conn.control_plane.recv_step()
             kinds.append((step.is_graph_step, step.is_graph_capturing, step.tokens[0][0]))
+            print(f"ffn: serving {kinds[-1]}", flush=True)  # where a hang happens
             if step.is_graph_step:
                 graphs.serve(step)
                 continue
@@ -262,6 +263,7 @@ def attend_graph_steps(port: int, gate: bool) -> dict[str, Any]:
 
     try:
         for step_id, (kind, n) in enumerate(GRAPH_PLAN):
+            print(f"attention: step {step_id} {kind} {n}", flush=True)  # where a hang happens
             payload = ControlPayload(
                 step_id,
                 0,
