@@ -19,6 +19,9 @@ the gpu-harness, whose engine settings come from ``$GPU_HARNESS_SETTINGS``)::
 
     python benchmarks/afd_decode_gpu.py --tiny-model DIR [--repeats 2] [--max-tokens 32]
 
+``--connector``, ``--modes``, ``--batches`` and ``--sizes`` (JSON merged over the wide
+sizes) exist for a dry run of the script itself on a CPU host (gloo, eager, tiny sizes).
+
 ``DIR``: a tiny Qwen3-MoE from ``python -m afd_models.tiny`` (only its tokenizer and
 config are used). On the harness, both sides run its stand-in MoE ops, so absolute
 times are not vLLM's; the ratio compares like with like.
@@ -33,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from afd_decode import per_token_ms
@@ -47,6 +51,7 @@ WIDE = {
     "hidden_size": 2048,
     "num_hidden_layers": 8,
     "num_experts": 64,
+    "num_local_experts": 64,
     "num_experts_per_tok": 8,
     "moe_intermediate_size": 768,
     "intermediate_size": 6144,
@@ -67,14 +72,14 @@ SERVING_ARGS = (
 START_TIMEOUT_S = 300.0
 
 
-def wide_model(tiny: Path, out_dir: Path) -> Path:
-    """A config-only copy of ``tiny`` at the :data:`WIDE` sizes (weights: dummy)."""
+def wide_model(tiny: Path, out_dir: Path, sizes: dict[str, object]) -> Path:
+    """A config-only copy of ``tiny`` at ``sizes`` (weights: dummy)."""
     model = out_dir / "wide-qwen3-moe"
     model.mkdir(parents=True, exist_ok=True)
     for path in tiny.iterdir():
         if path.suffix != ".safetensors" and path.name != "config.json":
             shutil.copy(path, model / path.name)
-    config = json.loads((tiny / "config.json").read_text()) | WIDE
+    config = json.loads((tiny / "config.json").read_text()) | sizes
     (model / "config.json").write_text(json.dumps(config, indent=2))
     return model
 
@@ -85,14 +90,21 @@ def main() -> int:
     parser.add_argument("--work-dir", type=Path, help="keep the model and logs here")
     parser.add_argument("--repeats", type=int, default=2, help="requests per cell")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens per prompt")
+    parser.add_argument("--connector", default="P2pNcclAFDConnector")
+    parser.add_argument("--modes", default="eager,graphs", help="eager and/or graphs")
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    parser.add_argument("--sizes", default="{}", help="JSON merged over the wide sizes")
     args = parser.parse_args()
+    modes = args.modes.split(",")
+    batches = [int(b) for b in args.batches.split(",")]
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="afd-gpu-bench-"))
-    model = wide_model(args.tiny_model, work)
+    sizes = WIDE | json.loads(args.sizes)
+    model = wide_model(args.tiny_model, work, sizes)
     cache = work / "vllm-cache"
     servers: dict[str, str] = {}
     monolithic, deployments = [], []
     try:
-        for mode in ("eager", "graphs"):
+        for mode in modes:
             (port,) = free_ports(1)
             spec = ServerSpec(
                 name=f"monolithic-{mode}",
@@ -105,24 +117,27 @@ def main() -> int:
             server = VllmServer(spec, work / "logs", cache)
             server.start()
             monolithic.append((mode, server))
-        for mode in ("eager", "graphs"):
-            deployment = LocalDeployment(
-                DeploymentSpec(
-                    model=model,
-                    connector="P2pNcclAFDConnector",
-                    enforce_eager=mode == "eager",
-                    extra_args=(*server_args(graphs=mode == "graphs"), *SERVING_ARGS),
-                    role_env={
-                        "attention": {"CUDA_VISIBLE_DEVICES": "0"},
-                        "ffn": {"CUDA_VISIBLE_DEVICES": "1"},
-                    },
-                    start_timeout_s=START_TIMEOUT_S,
-                ),
-                work_dir=work / f"logs-afd-{mode}",
-                cache_root=cache,
+        specs = {
+            mode: DeploymentSpec(
+                model=model,
+                connector=args.connector,
+                enforce_eager=mode == "eager",
+                extra_args=(*server_args(graphs=mode == "graphs"), *SERVING_ARGS),
+                role_env={
+                    "attention": {"CUDA_VISIBLE_DEVICES": "0"},
+                    "ffn": {"CUDA_VISIBLE_DEVICES": "1"},
+                },
+                start_timeout_s=START_TIMEOUT_S,
             )
-            deployment.start()
-            deployments.append(deployment)
+            for mode in modes
+        }
+        for mode, spec in specs.items():
+            deployments.append(
+                LocalDeployment(spec, work_dir=work / f"logs-afd-{mode}", cache_root=cache)
+            )
+        with ThreadPoolExecutor(len(deployments)) as pool:  # start them side by side
+            list(pool.map(LocalDeployment.start, deployments))
+        for mode, deployment in zip(specs, deployments, strict=True):
             servers[f"afd-{mode}"] = deployment.endpoint
         for mode, server in monolithic:
             took = server.wait_healthy(time.monotonic() + START_TIMEOUT_S)
@@ -131,7 +146,7 @@ def main() -> int:
         for url in servers.values():  # warm-up
             per_token_ms(url, model.name, 8, 4)
         times: dict[tuple[str, int], list[float]] = {}
-        for batch in BATCHES:
+        for batch in batches:
             for _ in range(args.repeats):
                 for label, url in servers.items():
                     times.setdefault((label, batch), []).append(
@@ -150,21 +165,21 @@ def main() -> int:
             server.stop()
     print()
     print(
-        f"decode time per step (ms) of {model.name} (hidden 2048, 8 layers, 64 experts top-8, "
-        f"bf16), median of {args.repeats} streaming requests of B prompts x {args.max_tokens} "
-        "tokens; AFD 1A1F over NCCL (attention GPU 0, FFN GPU 1) vs monolithic (GPU 0)"
+        f"decode time per step (ms) of {model.name} (hidden {sizes['hidden_size']}, "
+        f"{sizes['num_hidden_layers']} layers, {sizes['num_experts']} experts top-"
+        f"{sizes['num_experts_per_tok']}, bf16), median of {args.repeats} streaming requests "
+        f"of B prompts x {args.max_tokens} tokens; AFD 1A1F over {args.connector} (attention "
+        "GPU 0, FFN GPU 1) vs monolithic (GPU 0)"
     )
-    print(
-        f"{'B':>4} | {'mono eager':>10} {'AFD eager':>9} {'ratio':>5} | "
-        f"{'mono graph':>10} {'AFD graph':>9} {'ratio':>5}"
-    )
-    for batch in BATCHES:
+    header = " | ".join(f"{'mono ' + m:>11} {'AFD ' + m:>11} {'ratio':>5}" for m in modes)
+    print(f"{'B':>4} | {header}")
+    for batch in batches:
         cells = []
-        for mode in ("eager", "graphs"):
+        for mode in modes:
             mono = statistics.median(times[(f"monolithic-{mode}", batch)])
             afd = statistics.median(times[(f"afd-{mode}", batch)])
-            cells.append(f"{mono:>10.2f} {afd:>9.2f} {afd / mono:>5.2f}")
-        print(f"{batch:>4} | {cells[0]} | {cells[1]}")
+            cells.append(f"{mono:>11.2f} {afd:>11.2f} {afd / mono:>5.2f}")
+        print(f"{batch:>4} | " + " | ".join(cells))
     return 0
 
 

@@ -81,7 +81,7 @@ class AFDConfig:
     compute_gate_on_attention: bool = False
     connector_extra_config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     role_rank: int | None = None
-    ffn_cuda_graphs: int = 64
+    ffn_cuda_graphs: int = 128
 
     @property
     def topology(self) -> Topology:
@@ -192,7 +192,7 @@ def parse_afd_config(
     role_rank = _parse_role_rank(values, role, topology)
     ffn_cuda_graphs = to_int_at_least(
         "ffn_cuda_graphs",
-        values.get("ffn_cuda_graphs", 64),
+        values.get("ffn_cuda_graphs", 128),
         0,
         "give the number of step shapes whose CUDA graph an FFN rank keeps (0: none)",
     )
