@@ -44,7 +44,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
+import threading
 import time
 import weakref
 from collections.abc import Iterator, Mapping
@@ -62,6 +64,11 @@ from afd_core.metadata import ControlPayload
 
 if TYPE_CHECKING:
     import torch
+
+logger = logging.getLogger(f"vllm.{__name__}")
+
+#: Seconds :meth:`P2pNcclAFDConnector._abort_transfers` waits for torch's abort.
+ABORT_WAIT_S = 5.0
 
 #: NCCL's own watchdog limit exceeds ours by this much, so a stuck peer surfaces as the
 #: connector's AFDPeerError rather than as the watchdog ending the process.
@@ -197,11 +204,29 @@ class P2pNcclAFDConnector(P2pGlooAFDConnector):
         self._write_stage = self._write_done = None
 
     def _abort_transfers(self) -> None:
-        """Abort the NCCL group: every pending transfer (captured ones too) ends."""
+        """Abort the NCCL group: every pending transfer (captured ones too) ends.
+
+        torch's ``abort()`` can block until its own timeout (seen on H200 while CUDA
+        graphs that captured the group's transfers still exist), so it runs on a daemon
+        thread and this waits at most :data:`ABORT_WAIT_S`.
+        """
         nccl, self._nccl = self._nccl, None
-        if nccl is not None:
+        if nccl is None:
+            return
+        done = threading.Event()
+
+        def abort() -> None:
             with contextlib.suppress(RuntimeError):  # nothing else to do
                 nccl.abort()
+            done.set()
+
+        threading.Thread(target=abort, name="afd-nccl-abort", daemon=True).start()
+        if not done.wait(ABORT_WAIT_S):
+            logger.warning(
+                "AFD: aborting the NCCL group of %s took over %g s; not waiting for it",
+                self.name,
+                ABORT_WAIT_S,
+            )
 
     # Buffers ---------------------------------------------------------------------------
 
