@@ -386,6 +386,18 @@ def test_role_rank_that_is_not_an_integer_is_rejected(value: Any) -> None:
     rejected("role_rank must be an integer", role_rank=value)
 
 
+def test_ffn_cuda_graphs_defaults_to_128_and_accepts_zero() -> None:
+    assert parse().ffn_cuda_graphs == 128
+    assert parse(ffn_cuda_graphs=0).ffn_cuda_graphs == 0
+
+
+@pytest.mark.parametrize("value", [-1, "many"])
+def test_ffn_cuda_graphs_that_is_not_a_count_is_rejected(value: Any) -> None:
+    rejected(
+        "ffn_cuda_graphs", "step shapes whose CUDA graph an FFN rank keeps", ffn_cuda_graphs=value
+    )
+
+
 # aliases and unknown keys -------------------------------------------------------------
 
 
