@@ -20,6 +20,7 @@ The transport primitives must be capturable when the current stream is capturing
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from afd_core.connectors.p2p_wire import TAG_A2F, TAG_F2A
@@ -138,35 +139,38 @@ class GraphStepsMixin:
             )
         if router_logits is not None:
             self._check_graph_rows(step, layer, stage, "router_logits", router_logits, width)
-        entries = self._block_plan(step, stage)
-        deadline = time.monotonic() + self._timeout_s
-        try:
-            posted, start = [], 0
-            for entry in entries:
-                rows = slice(start, start + entry.rows)
-                posted.append((self._post_recv(as_bytes(hidden[rows]), entry.peer, TAG_A2F), entry))
-                if router_logits is not None:
-                    logits = as_bytes(router_logits[rows])
-                    posted.append((self._post_recv(logits, entry.peer, TAG_A2F), entry))
-                start += entry.rows
-            for handle, entry in posted:
-                self._wait(handle, entry.peer, deadline, (layer, entry.step_id))
-        except AFDError as exc:
-            self._fail(exc)
-            raise
+
+        def post(entry: Any, rows: slice) -> list[Any]:
+            handles = [self._post_recv(as_bytes(hidden[rows]), entry.peer, TAG_A2F)]
+            if router_logits is not None:
+                handles.append(self._post_recv(as_bytes(router_logits[rows]), entry.peer, TAG_A2F))
+            return handles
+
+        self._exchange_rows(step, layer, stage, post)
 
     def send_output_from(self, step: FFNStep, layer: int, stage: int, output: torch.Tensor) -> None:
         """See :meth:`afd_core.connector.Connector.send_output_from`."""
         if self._closed.is_set() or self._failure is not None:
             self._raise_unusable()
         self._check_graph_rows(step, layer, stage, "output", output, self.wire.hidden_size)
-        entries = self._block_plan(step, stage)
+
+        def post(entry: Any, rows: slice) -> list[Any]:
+            return [self._post_send(as_bytes(output[rows]), entry.peer, TAG_F2A)]
+
+        self._exchange_rows(step, layer, stage, post)
+
+    def _exchange_rows(
+        self, step: FFNStep, layer: int, stage: int, post: Callable[[Any, slice], list[Any]]
+    ) -> None:
+        """``post(entry, rows)`` for each rank of the step (its rows of the block), then
+        wait for every handle posted, within the AFD timeout; a failure fails the connector.
+        """
         deadline = time.monotonic() + self._timeout_s
         try:
             posted, start = [], 0
-            for entry in entries:
-                part = as_bytes(output[start : start + entry.rows])
-                posted.append((self._post_send(part, entry.peer, TAG_F2A), entry))
+            for entry in self._block_plan(step, stage):
+                rows = slice(start, start + entry.rows)
+                posted += [(handle, entry) for handle in post(entry, rows)]
                 start += entry.rows
             for handle, entry in posted:
                 self._wait(handle, entry.peer, deadline, (layer, entry.step_id))
