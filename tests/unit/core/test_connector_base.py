@@ -138,3 +138,13 @@ def test_gloo_ffn_recv_step_returns_none_once_closed():
 def test_gloo_connector_rejects_a_dtype_it_cannot_send():
     with pytest.raises(AFDConfigError, match="dtype 'float64' cannot travel on the wire"):
         P2pGlooAFDConnector(config(), 0, WireSpec(8, "float64", 1))
+
+
+def test_a_connector_without_graph_steps_refuses_them_but_may_enter_a_capture_routine():
+    conn = RecordingConnector(config(), 0, WIRE)
+    with conn.graph_capture():  # vLLM may run a capture routine that captures nothing
+        pass
+    with pytest.raises(NotImplementedError, match="does not support CUDA graph steps"):
+        conn.watch_graph_replay(0)
+    with pytest.raises(NotImplementedError, match="does not support CUDA graph steps"):
+        conn.wait_for_stream("a replay")

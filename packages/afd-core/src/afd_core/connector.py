@@ -26,7 +26,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -295,9 +295,11 @@ class Connector(ABC):
 
         Entering waits (bounded) for the replays still running; inside, the connector
         makes no CUDA call from its own threads (a capture in vLLM's global mode forbids
-        them in every thread of the process).
+        them in every thread of the process). The runners enter it around every capture
+        routine, also when it captures nothing; the default does nothing (a connector
+        without graph steps has no replays and no CUDA calls to hold back).
         """
-        raise NotImplementedError(f"{self.name} does not support CUDA graph steps")
+        return nullcontext()
 
     def watch_graph_replay(self, step_id: int) -> None:
         """Attention side: bound the graph replay of ``step_id`` just queued on the stream.
