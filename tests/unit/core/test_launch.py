@@ -117,6 +117,16 @@ def test_extra_args_and_env_reach_every_server_of_the_deployment():
         assert env["VLLM_USE_V2_MODEL_RUNNER"] == "0"
 
 
+def test_the_afd_timeout_reaches_both_roles_only_when_set():
+    def timeouts(spec: DeploymentSpec) -> list[object]:
+        servers = spec.server_specs(29700, attention_ports=[9000], ffn_ports=[9100])
+        return [s.additional_config["afd"].get("afd_process_group_timeout_s") for s in servers]
+
+    assert timeouts(DeploymentSpec(model=Path("/m"), connector="FakeP2P")) == [None, None]
+    spec = DeploymentSpec(model=Path("/m"), connector="FakeP2P", afd_process_group_timeout_s=20)
+    assert timeouts(spec) == [20, 20]
+
+
 def test_invalid_deployment_is_rejected_before_any_server_exists():
     spec = DeploymentSpec(
         model=Path("/m"), num_attention_ranks=1, num_ffn_ranks=2, connector="FakeP2P"

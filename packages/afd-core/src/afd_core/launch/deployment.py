@@ -39,7 +39,8 @@ class DeploymentSpec:
     vLLM command line and ``extra_env`` into every server's environment (last, so it wins;
     e.g. ``VLLM_USE_V2_MODEL_RUNNER``); ``role_env[role]`` goes on top of it for the
     servers of that role only (e.g. ``CUDA_VISIBLE_DEVICES`` to put each role on its own
-    GPU).
+    GPU). ``afd_process_group_timeout_s``: the AFD config key of that name (None: its
+    default).
     """
 
     model: Path
@@ -58,10 +59,11 @@ class DeploymentSpec:
     extra_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     role_env: Mapping[Role, Mapping[str, str]] = field(default_factory=lambda: MappingProxyType({}))
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
+    afd_process_group_timeout_s: int | None = None
 
     def afd_settings(self, role: Role, role_rank: int, connector_port: int) -> dict[str, Any]:
         """The ``additional_config["afd"]`` of rank ``role_rank`` of ``role``."""
-        return {
+        settings: dict[str, Any] = {
             "role": role,
             "connector": self.connector,
             "host": self.host,
@@ -71,6 +73,9 @@ class DeploymentSpec:
             "role_rank": role_rank,
             "compute_gate_on_attention": self.compute_gate_on_attention,
         }
+        if self.afd_process_group_timeout_s is not None:
+            settings["afd_process_group_timeout_s"] = self.afd_process_group_timeout_s
+        return settings
 
     def server_specs(
         self, connector_port: int, attention_ports: list[int], ffn_ports: list[int]
