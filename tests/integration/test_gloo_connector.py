@@ -455,3 +455,75 @@ def test_close_during_initialize_stops_the_rendezvous(ranks, port, role):
     assert error_type == "AFDShutdown"
     assert took < 1.5
     assert port_free
+
+
+# Graph steps (header-less messages) over real gloo ---------------------------------------
+# Nothing is captured on CPU: the attention ranks run their calls of a capture step eagerly,
+# which moves the data a replay of the captured graph would move.
+
+
+def graph_ffn(port: int, payloads: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """FFN rank of two attention ranks: serve graph steps into caller-owned buffers until
+    ``payloads`` payloads were served; return (ranks, token counts) of every step."""
+    conn = connect("ffn", 0, port, 2, 1, GATE_WIRE)
+    served: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+    try:
+        while sum(len(ranks) for ranks, _ in served) < payloads:
+            step = conn.control_plane.recv_step()
+            assert step.is_graph_step
+            rows = sum(step.stage_tokens(0))
+            hidden = torch.empty(rows, GATE_WIRE.hidden_size, dtype=torch.bfloat16)
+            logits = torch.empty(rows, GATE_WIRE.router_logits_width)
+            for layer in range(LAYERS):
+                conn.recv_hidden_into(step, layer, 0, hidden, logits)
+                conn.send_output_from(step, layer, 0, ffn_function(hidden, layer, logits))
+            served.append((step.attention_ranks, step.stage_tokens(0)))
+    finally:
+        conn.close()
+    return served
+
+
+def graph_attention(port: int, rank: int, counts: list[int]) -> int:
+    """Attention rank: capture-step payloads, header-less exchanges, exact results."""
+    conn = connect("attention", rank, port, 2, 1, GATE_WIRE)
+    exchanged = 0
+    try:
+        for step, n in enumerate(counts):
+            conn.control_plane.send_step(
+                ControlPayload(
+                    step,
+                    rank,
+                    (AFDDPMetadata(rank, (n,)),),
+                    is_graph_capturing=True,
+                    is_graph_step=True,
+                )
+            )
+            for layer in range(LAYERS):
+                hidden, logits = attention_inputs(rank, step, layer, 0, n, GATE_WIRE)
+                header = a2f_header(step, layer, 0, n, rank, GATE_WIRE)
+                conn.send_hidden(header, hidden, logits)
+                out = conn.recv_output(header, torch.empty_like(hidden))
+                assert torch.equal(out, ffn_function(hidden, layer, logits)), (step, layer)
+                exchanged += 1
+    finally:
+        conn.close()
+    return exchanged
+
+
+def test_graph_steps_of_two_ranks_move_bare_tensors_exactly(ranks, port):
+    counts = {0: [2, 5, 1], 1: [3, 1, 4]}
+    ranks.start("ffn", graph_ffn, port, 6)
+    for rank, steps in counts.items():
+        ranks.start(f"attn{rank}", graph_attention, port, rank, steps)
+    out = ranks.join(45)
+    assert all(o.ok for o in out.values()), out
+    assert out["attn0"].value == out["attn1"].value == 3 * LAYERS
+    # Steps hold whichever ranks were ready; each rank's payloads arrive in its order.
+    for rank, steps in counts.items():
+        seen = [
+            n
+            for ranks_, tokens in out["ffn"].value
+            for r, n in zip(ranks_, tokens, strict=True)
+            if r == rank
+        ]
+        assert seen == steps
