@@ -26,7 +26,7 @@ import pytest
 from afd_core.launch import DeploymentSpec, LocalDeployment
 from afd_models.tiny.specs import MEASURED_TOKENS, PROMPTS
 from tests.e2e_cpu.harness import Completion, MonolithicServers, complete
-from tests.e2e_gpu.gpu_settings import server_args
+from tests.e2e_gpu.gpu_settings import cuda_device_count, server_args
 
 pytest.importorskip("vllm")
 pytest.importorskip("openai")
@@ -110,8 +110,8 @@ def test_afd_on_cuda_serves_the_same_tokens_as_monolithic_vllm(
     vllm_cache_root: Path,
     tmp_path: Path,
 ) -> None:
-    if case.connector == NCCL and _gpu_count() < 2:
-        pytest.skip(f"{NCCL} needs two GPUs (one per role); this host has {_gpu_count()}")
+    if case.connector == NCCL and cuda_device_count() < 2:
+        pytest.skip(f"{NCCL} needs two GPUs (one per role); this host has {cuda_device_count()}")
     model = tiny_models / MODEL
     env = RUNNER_ENV[case.runner]
     eager_reference = complete(
@@ -166,9 +166,3 @@ def test_afd_on_cuda_serves_the_same_tokens_as_monolithic_vllm(
     assert stats["layer_exchanges"] >= num_layers * MAX_TOKENS
     assert stats["layer_exchanges"] % num_layers == 0
     assert stats["tokens"] >= len(PROMPTS) * MAX_TOKENS
-
-
-def _gpu_count() -> int:
-    import torch
-
-    return torch.cuda.device_count()

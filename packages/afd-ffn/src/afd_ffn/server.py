@@ -139,23 +139,31 @@ class FFNServer:
         return not self._thread.is_alive()
 
     def serve_step(self, step: FFNStep) -> None:
-        """Compute every layer of every stage of ``step`` and send the results back."""
+        """Compute every layer of every stage of ``step`` and send the results back.
+
+        A capture step (CUDA graphs) moves no data: it only captures, and counts as no step.
+        """
         with self._compute_context():
             if step.is_graph_step:
                 self._serve_graph_step(step)
-                return
-            for stage in range(step.num_stages):
-                for layer in self._layers:
-                    batch = self._connector.recv_hidden(step, layer, stage)
-                    hidden, logits = batch.hidden, batch.router_logits
-                    if self._device is not None:
-                        hidden = hidden.to(self._device)
-                        logits = None if logits is None else logits.to(self._device)
-                    output = self._model.afd_compute_ffn(layer, hidden, logits)
-                    self._connector.send_output(batch, output)
-                    self.stats.layer_exchanges += 1
+                if step.is_graph_capturing:
+                    return
+                self.stats.layer_exchanges += len(self._layers) * step.num_stages
+            else:
+                for stage in range(step.num_stages):
+                    for layer in self._layers:
+                        self._serve_layer(step, layer, stage)
+                        self.stats.layer_exchanges += 1
         self.stats.tokens += sum(sum(counts) for counts in step.tokens)
         self.stats.steps += 1
+
+    def _serve_layer(self, step: FFNStep, layer: int, stage: int) -> None:
+        batch = self._connector.recv_hidden(step, layer, stage)
+        hidden, logits = batch.hidden, batch.router_logits
+        if self._device is not None:
+            hidden = hidden.to(self._device)
+            logits = None if logits is None else logits.to(self._device)
+        self._connector.send_output(batch, self._model.afd_compute_ffn(layer, hidden, logits))
 
     def _serve_graph_step(self, step: FFNStep) -> None:
         if self._graphs is None:
@@ -165,10 +173,6 @@ class FFNServer:
                 "attention role with --enforce-eager"
             )
         self._graphs.serve(step)
-        if not step.is_graph_capturing:
-            self.stats.layer_exchanges += len(self._layers) * step.num_stages
-            self.stats.tokens += sum(sum(counts) for counts in step.tokens)
-            self.stats.steps += 1
 
     def _run(self) -> None:
         rank = self._connector.role_rank

@@ -1,9 +1,9 @@
 """The attention side of the P2P protocol: announce steps, send hidden states, receive results.
 
 Mixed into :class:`~afd_core.connectors.p2p_protocol.P2pProtocolConnector`, whose
-members it uses (declared below for readers). Eager steps pack a checked header with
-each message; graph steps go to :mod:`afd_core.connectors.p2p_graph`. Importing this
-module imports no torch.
+members it uses (declared in :mod:`~afd_core.connectors.p2p_members`). Eager steps pack a
+checked header with each message; graph steps go to :mod:`afd_core.connectors.p2p_graph`.
+Importing this module imports no torch.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from afd_core.connectors.p2p_members import ProtocolMembers
 from afd_core.connectors.p2p_wire import (
     HEADER_BYTES,
     TAG_A2F,
@@ -30,41 +31,10 @@ if TYPE_CHECKING:
     import torch
 
 
-class AttentionSideMixin:
+class AttentionSideMixin(ProtocolMembers):
     """``send_step`` (through the control plane), ``send_hidden`` and ``recv_output``."""
 
-    config: Any
-    role_rank: int
-    wire: Any
-    topology: Any
-    name: str
-    _closed: Any
-    _failure: AFDError | None
-    _torch: Any
-    _timeout_s: float
-    _headers: Any
-    _buffers: Any
-    _slots: dict[Any, Any]
-    _dtype: Any
-    _logits_dtype: Any
-    _inflight: dict[int, tuple[Any, ...]]
-    _announced: tuple[int, tuple[int, ...]] | None
-    _exchanges: int
-    _expected_exchanges: int
-    _graph_step: bool
-    _control_frame: Any
-    _ffn_rank: int
-    _ffn_world: int
-    _recv_reply_first: bool
-    _post_send: Any
-    _post_recv: Any
-    _wait: Any
-    _read_bytes: Any
-    _write_bytes: Any
-    _fail: Any
-    _raise_unusable: Any
-    _reject_rows: Any
-    _send_hidden_headerless: Any
+    _send_hidden_headerless: Any  # graph steps (p2p_graph.GraphStepsMixin)
     _recv_output_headerless: Any
 
     def _send_step(self, payload: ControlPayload) -> None:

@@ -1,15 +1,17 @@
 """The FFN side of the P2P protocol: receive a block's inputs, send the results back.
 
 Mixed into :class:`~afd_core.connectors.p2p_protocol.P2pProtocolConnector`, whose
-members it uses (declared below for readers). Importing this module imports no torch.
+members it uses (declared in :mod:`~afd_core.connectors.p2p_members`). Importing this
+module imports no torch.
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from afd_core.connector import FFNLayerBatch, FFNStep
+from afd_core.connectors.p2p_members import ProtocolMembers
 from afd_core.connectors.p2p_wire import (
     HEADER_BYTES,
     TAG_A2F,
@@ -39,35 +41,10 @@ class BlockEntry:
         self.header = header  # layer 0; with_layer() gives the header of any layer
 
 
-class FFNSideMixin:
+class FFNSideMixin(ProtocolMembers):
     """``recv_step`` (through the control plane), ``recv_hidden`` and ``send_output``."""
 
-    config: Any
-    role_rank: int
-    wire: Any
-    topology: Any
-    name: str
-    is_closed: bool
-    _closed: Any
-    _failure: AFDError | None
-    _torch: Any
-    _timeout_s: float
-    _headers: Any
-    _buffers: Any
-    _slots: dict[Any, Any]
-    _dtype: Any
-    _logits_dtype: Any
-    _inbox: Any
-    _plans: dict[int, tuple[FFNStep, tuple[BlockEntry, ...]]]
-    _attention_world: dict[int, int]
-    _post_send: Any
-    _post_recv: Any
-    _wait: Any
-    _read_bytes: Any
-    _write_bytes: Any
-    _fail: Any
-    _raise_unusable: Any
-    _reject_rows: Any
+    is_closed: bool  # Connector's property
 
     def _recv_step(self) -> FFNStep | None:
         if self.is_closed:

@@ -14,7 +14,8 @@ with no host code, so nothing per layer can be written or checked on the host. I
 
 The transport primitives must be capturable when the current stream is capturing
 (``_wait`` then only joins the transfer's stream, without polling). Mixed into
-:class:`~afd_core.connectors.p2p_protocol.P2pProtocolConnector`, whose attributes it uses.
+:class:`~afd_core.connectors.p2p_protocol.P2pProtocolConnector`, whose members it uses
+(declared in :mod:`~afd_core.connectors.p2p_members`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from afd_core.connectors.p2p_members import ProtocolMembers
 from afd_core.connectors.p2p_wire import TAG_A2F, TAG_F2A
 from afd_core.errors import AFDError, AFDProtocolError
 
@@ -40,26 +42,10 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1).view(torch.uint8)
 
 
-class GraphStepsMixin:
-    """Header-less exchanges of graph steps (see the module docstring).
+class GraphStepsMixin(ProtocolMembers):
+    """Header-less exchanges of graph steps (see the module docstring)."""
 
-    Uses these members of :class:`~afd_core.connectors.p2p_protocol.P2pProtocolConnector`
-    (declared here for readers; the protocol class sets them).
-    """
-
-    wire: Any
-    _timeout_s: float
-    _ffn_world: int
-    _inflight: dict[int, tuple[Any, ...]]
-    _exchanges: int
-    _closed: Any
-    _failure: AFDError | None
-    _post_send: Any
-    _post_recv: Any
-    _wait: Any
-    _fail: Any
-    _raise_unusable: Any
-    _block_plan: Any
+    _block_plan: Any  # the FFN side's (p2p_ffn.FFNSideMixin)
 
     # Attention side --------------------------------------------------------------------
 

@@ -167,37 +167,25 @@ class HeaderPacker:
 
     def a2f(self, step_id: int, layer: int, stage: int, num_tokens: int, rank: int) -> bytes:
         """Bytes of :func:`a2f_header` for these values."""
-        return (
-            _LAYOUT.pack(
-                *self._a2f,
-                step_id,
-                layer,
-                stage,
-                0,
-                num_tokens,
-                self._hidden,
-                rank,
-                *(self._f2a_logits if layer in self._dense_layers else self._a2f_logits),
-            )
-            + _PAD
-        )
+        logits = self._f2a_logits if layer in self._dense_layers else self._a2f_logits
+        return self._pack(self._a2f, step_id, layer, stage, num_tokens, rank, logits)
 
     def f2a(self, step_id: int, layer: int, stage: int, num_tokens: int, rank: int) -> bytes:
         """Bytes of :func:`f2a_header` for these values."""
-        return (
-            _LAYOUT.pack(
-                *self._f2a,
-                step_id,
-                layer,
-                stage,
-                0,
-                num_tokens,
-                self._hidden,
-                rank,
-                *self._f2a_logits,
-            )
-            + _PAD
-        )
+        return self._pack(self._f2a, step_id, layer, stage, num_tokens, rank, self._f2a_logits)
+
+    def _pack(
+        self,
+        head: tuple[bytes, int, int, int],
+        step_id: int,
+        layer: int,
+        stage: int,
+        num_tokens: int,
+        rank: int,
+        logits: tuple[int, int],
+    ) -> bytes:
+        fields = (step_id, layer, stage, 0, num_tokens, self._hidden, rank)
+        return _LAYOUT.pack(*head, *fields, *logits) + _PAD
 
 
 def describe_rank(topology: Topology, role: Role, role_rank: int) -> str:
