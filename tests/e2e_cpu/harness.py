@@ -184,14 +184,22 @@ def _token_id(key: str) -> int:
 class MonolithicServers:
     """Plain vLLM servers (AFD off), one per (model directory, eager, environment), reused.
 
-    Logs go to ``work_dir``; every server shares ``cache_root`` and gets ``extra_args`` on
-    its command line. Prints the time each server took to become healthy.
+    Logs go to ``work_dir``; every server shares ``cache_root``, gets ``extra_args`` on its
+    command line and ``base_env`` in its environment (under each call's ``extra_env``).
+    Prints the time each server took to become healthy.
     """
 
-    def __init__(self, work_dir: Path, cache_root: Path, extra_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        work_dir: Path,
+        cache_root: Path,
+        extra_args: Sequence[str] = (),
+        base_env: Mapping[str, str] | None = None,
+    ) -> None:
         self.work_dir = work_dir
         self.cache_root = cache_root
         self.extra_args = tuple(extra_args)
+        self.base_env = dict(base_env or {})
         self._servers: dict[tuple[Any, ...], VllmServer] = {}
 
     def get(
@@ -205,7 +213,7 @@ class MonolithicServers:
 
         ``extra_args`` replaces the arguments given at construction for this server.
         """
-        env = tuple(sorted((extra_env or {}).items()))
+        env = tuple(sorted({**self.base_env, **(extra_env or {})}.items()))
         args = self.extra_args if extra_args is None else tuple(extra_args)
         key = (Path(model), enforce_eager, env, args)
         if key not in self._servers:

@@ -4,8 +4,8 @@ Every test here needs a CUDA device and skips without one. On the lent H200 mach
 pure-Python vLLM of the gpu-harness only runs with the engine arguments of its
 ``settings.py``: when ``$GPU_HARNESS_SETTINGS`` names that file, its ``HARNESS_CLI_ARGS``
 go to every server (monolithic and AFD alike); on an ordinary CUDA install nothing is
-added. All servers of a session share one GPU when there is only one, so each claims a
-small share of its memory (see ``gpu_settings.py``).
+added. Monolithic servers run on the session's attention GPU (``gpu_settings.role_gpus``);
+servers share GPUs, so each claims a small share of a GPU's memory.
 
 Helpers come from the CPU suite: the ``tiny_models`` and ``vllm_cache_root`` fixtures
 (``tests/e2e_cpu/conftest.py``), monolithic servers, completions and the leak check
@@ -22,7 +22,7 @@ import pytest
 from afd_core.launch.processes import kill_session
 from tests.e2e_cpu.conftest import tiny_models, vllm_cache_root
 from tests.e2e_cpu.harness import MonolithicServers, leftover_processes
-from tests.e2e_gpu.gpu_settings import cuda_device_count, server_args
+from tests.e2e_gpu.gpu_settings import cuda_device_count, role_gpus, server_args
 
 __all__ = ["tiny_models", "vllm_cache_root"]  # shared fixtures, registered here too
 
@@ -45,8 +45,12 @@ def monolithic_servers(
     tmp_path_factory: pytest.TempPathFactory, vllm_cache_root: Path
 ) -> Iterator[MonolithicServers]:
     """Plain vLLM servers per (model, eager, runner), reused by every module."""
+    attention_gpu, _ = role_gpus()
     servers = MonolithicServers(
-        tmp_path_factory.mktemp("monolithic-logs"), vllm_cache_root, extra_args=server_args()
+        tmp_path_factory.mktemp("monolithic-logs"),
+        vllm_cache_root,
+        extra_args=server_args(),
+        base_env={"CUDA_VISIBLE_DEVICES": attention_gpu},
     )
     yield servers
     servers.stop_all()

@@ -11,8 +11,13 @@ import json
 import os
 import runpy
 
-#: Share of the GPU's memory that each server may claim (three run at once on one GPU).
-GPU_MEMORY_UTILIZATION = "0.2"
+#: Share of a GPU's memory that each server may claim: a session keeps up to four
+#: monolithic servers and an attention server on its attention GPU, and parallel sessions
+#: (see ``ROLE_GPUS_ENV``) may share a GPU.
+GPU_MEMORY_UTILIZATION = "0.1"
+#: Names the physical GPUs of a session's roles, "ATTENTION,FFN" (default "0,1"), so that
+#: several pytest sessions can run side by side on a host with more GPUs.
+ROLE_GPUS_ENV = "AFD_E2E_ROLE_GPUS"
 
 
 def harness_cli_args() -> tuple[str, ...]:
@@ -23,14 +28,17 @@ def harness_cli_args() -> tuple[str, ...]:
     return tuple(runpy.run_path(path)["HARNESS_CLI_ARGS"])
 
 
-def server_args(graphs: bool = False) -> tuple[str, ...]:
+def server_args(graphs: bool = False, mla: bool = False) -> tuple[str, ...]:
     """The extra command-line arguments of every server of this suite.
 
     ``graphs``: capture FULL_DECODE_ONLY CUDA graphs (the harness's eager flag dropped,
     ``cudagraph_mode`` merged into its compilation config); the server must then be
-    started without ``--enforce-eager``.
+    started without ``--enforce-eager``. ``mla``: the model's attention is MLA, so the
+    harness's attention backend becomes ``TRITON_MLA`` (vLLM chooses by itself elsewhere).
     """
     args = list(harness_cli_args())
+    if mla and "--attention-backend" in args:
+        args[args.index("--attention-backend") + 1] = "TRITON_MLA"
     if graphs:
         args = with_full_decode_graphs(args)
     return (*args, "--gpu-memory-utilization", GPU_MEMORY_UTILIZATION)
@@ -47,6 +55,33 @@ def with_full_decode_graphs(args: list[str]) -> list[str]:
     else:
         args += [flag, json.dumps({"cudagraph_mode": "FULL_DECODE_ONLY"})]
     return args
+
+
+def role_gpus() -> tuple[str, str]:
+    """Physical ids of the attention GPU and the FFN GPU, from ``$AFD_E2E_ROLE_GPUS``.
+
+    Monolithic servers run on the attention GPU; with a CPU connector both roles do.
+    """
+    value = os.environ.get(ROLE_GPUS_ENV, "0,1")
+    ids = [part.strip() for part in value.split(",")]
+    if len(ids) != 2 or not all(i.isdigit() for i in ids) or ids[0] == ids[1]:
+        raise ValueError(
+            f"${ROLE_GPUS_ENV}={value!r}: give two different GPU ids, attention first, e.g. 2,3"
+        )
+    return ids[0], ids[1]
+
+
+def role_env(one_gpu_per_role: bool) -> dict[str, dict[str, str]]:
+    """``DeploymentSpec.role_env`` placing the roles on :func:`role_gpus`.
+
+    ``one_gpu_per_role``: FFN on its own GPU (NCCL cannot pair two processes on one GPU);
+    otherwise both roles share the attention GPU.
+    """
+    attention, ffn = role_gpus()
+    return {
+        "attention": {"CUDA_VISIBLE_DEVICES": attention},
+        "ffn": {"CUDA_VISIBLE_DEVICES": ffn if one_gpu_per_role else attention},
+    }
 
 
 def cuda_device_count() -> int:

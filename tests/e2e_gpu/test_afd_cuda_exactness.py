@@ -8,11 +8,11 @@ Model Runner V2 (vLLM's CUDA default) and V1 (``VLLM_USE_V2_MODEL_RUNNER=0``), e
 FULL_DECODE_ONLY CUDA graphs (NCCL only; the monolithic reference then captures the same
 graphs, and the AFD output is also compared with monolithic eager output).
 
-With ``P2pGlooAFDConnector`` (a CPU transport) both roles share GPU 0: the attention
-role's tensors cross to the host inside the connector and the FFN server moves what it
-receives to its GPU. With ``P2pNcclAFDConnector`` the attention server runs on GPU 0 and
-the FFN server on GPU 1 (NCCL cannot pair two processes on one GPU); those cases skip
-on a host with fewer than two GPUs.
+With ``P2pGlooAFDConnector`` (a CPU transport) both roles share the attention GPU (GPU 0
+unless ``$AFD_E2E_ROLE_GPUS`` says otherwise): the attention role's tensors cross to the
+host inside the connector and the FFN server moves what it receives to its GPU. With
+``P2pNcclAFDConnector`` the FFN server runs on the FFN GPU (GPU 1; NCCL cannot pair two
+processes on one GPU); those cases skip on a host with fewer than two GPUs.
 """
 
 from __future__ import annotations
@@ -26,14 +26,18 @@ import pytest
 from afd_core.launch import DeploymentSpec, LocalDeployment
 from afd_models.tiny.specs import MEASURED_TOKENS, PROMPTS
 from tests.e2e_cpu.harness import Completion, MonolithicServers, complete
-from tests.e2e_gpu.gpu_settings import cuda_device_count, server_args
+from tests.e2e_gpu.gpu_settings import (
+    cuda_device_count,
+    role_env,
+    server_args,
+)
 
 pytest.importorskip("vllm")
 pytest.importorskip("openai")
 
 pytestmark = pytest.mark.slow
 
-MODEL = "tiny-qwen3-moe"
+QWEN3_MOE, DEEPSEEK_V2 = "tiny-qwen3-moe", "tiny-deepseek-v2"
 MAX_TOKENS = min(12, MEASURED_TOKENS)
 #: Largest accepted |AFD - monolithic| of a top-5 logprob, in nats: the FFN rank runs the
 #: same kernels on the same tokens as the monolithic server, so any difference is a bf16
@@ -61,20 +65,27 @@ class Case:
     connector: str = "P2pGlooAFDConnector"
     ffn_first: bool = True
     graphs: bool = False
+    model: str = QWEN3_MOE
 
     @property
     def id(self) -> str:
         gate = "gate-attn" if self.gate_on_attention else "gate-ffn"
         order = "ffn-first" if self.ffn_first else "attn-first"
         mode = "graphs" if self.graphs else "eager"
-        return f"{MODEL}-1A1F-{gate}-runner-{self.runner}-{self.connector}-{order}-{mode}"
+        return f"{self.model}-1A1F-{gate}-runner-{self.runner}-{self.connector}-{order}-{mode}"
 
     @property
     def role_env(self) -> dict[str, dict[str, str]]:
-        """One GPU per role for NCCL; both roles on GPU 0 otherwise."""
-        if self.connector != NCCL:
-            return {}
-        return {"attention": {"CUDA_VISIBLE_DEVICES": "0"}, "ffn": {"CUDA_VISIBLE_DEVICES": "1"}}
+        """One GPU per role for NCCL; both roles on the attention GPU otherwise."""
+        return role_env(one_gpu_per_role=self.connector == NCCL)
+
+    @property
+    def mla(self) -> bool:
+        """The model's attention is MLA (DeepSeek-V2)."""
+        return self.model == DEEPSEEK_V2
+
+    def server_args(self, graphs: bool) -> tuple[str, ...]:
+        return server_args(graphs=graphs, mla=self.mla)
 
 
 # Both runners and both gate placements are covered by the first two cases.
@@ -89,6 +100,8 @@ CASES = [
     Case("v1", gate_on_attention=True, connector=NCCL, ffn_first=True, graphs=True),
     Case("v2", gate_on_attention=True, connector=NCCL, ffn_first=True, graphs=True),
     Case("v1", gate_on_attention=False, connector=NCCL, ffn_first=False, graphs=True),
+    Case("v2", gate_on_attention=False, connector=NCCL, model=DEEPSEEK_V2),
+    Case("v1", gate_on_attention=True, connector=NCCL, graphs=True, model=DEEPSEEK_V2),
 ]
 
 
@@ -112,15 +125,16 @@ def test_afd_on_cuda_serves_the_same_tokens_as_monolithic_vllm(
 ) -> None:
     if case.connector == NCCL and cuda_device_count() < 2:
         pytest.skip(f"{NCCL} needs two GPUs (one per role); this host has {cuda_device_count()}")
-    model = tiny_models / MODEL
+    model = tiny_models / case.model
     env = RUNNER_ENV[case.runner]
-    eager_reference = complete(
-        monolithic_servers.get(model, extra_env=env).url, PROMPTS, MAX_TOKENS
+    eager_server = monolithic_servers.get(
+        model, extra_env=env, extra_args=case.server_args(graphs=False)
     )
+    eager_reference = complete(eager_server.url, PROMPTS, MAX_TOKENS)
     reference = eager_reference
     if case.graphs:
         graph_server = monolithic_servers.get(
-            model, enforce_eager=False, extra_env=env, extra_args=server_args(graphs=True)
+            model, enforce_eager=False, extra_env=env, extra_args=case.server_args(graphs=True)
         )
         reference = complete(graph_server.url, PROMPTS, MAX_TOKENS)
     spec = DeploymentSpec(
@@ -130,7 +144,7 @@ def test_afd_on_cuda_serves_the_same_tokens_as_monolithic_vllm(
         ffn_first=case.ffn_first,
         stagger_s=3.0,
         enforce_eager=not case.graphs,
-        extra_args=server_args(graphs=case.graphs),
+        extra_args=case.server_args(graphs=case.graphs),
         extra_env=env,
         role_env=case.role_env,
         start_timeout_s=START_TIMEOUT_S,

@@ -21,7 +21,7 @@ from afd_core.launch import DeploymentSpec, LocalDeployment
 from afd_models.tiny.specs import PROMPTS
 from tests.e2e_cpu.harness import complete
 from tests.e2e_cpu.test_afd_failures import _request_expecting_failure, wait_exit
-from tests.e2e_gpu.gpu_settings import cuda_device_count, server_args
+from tests.e2e_gpu.gpu_settings import cuda_device_count, role_env, server_args
 
 pytest.importorskip("vllm")
 pytest.importorskip("openai")
@@ -49,7 +49,7 @@ def test_stopping_one_role_on_cuda_ends_the_other_roles_waits_with_a_clear_error
         connector="P2pNcclAFDConnector",
         enforce_eager=not graphs,
         extra_args=server_args(graphs=graphs),
-        role_env={"attention": {"CUDA_VISIBLE_DEVICES": "0"}, "ffn": {"CUDA_VISIBLE_DEVICES": "1"}},
+        role_env=role_env(one_gpu_per_role=True),
         afd_process_group_timeout_s=PEER_TIMEOUT_S,
         start_timeout_s=300.0,
     )
