@@ -8,8 +8,9 @@ ways at once, all launched together:
 * AFD 1A1F over ``P2pNcclAFDConnector``, attention on GPU 0 and FFN on GPU 1, eager and
   graphs (both roles of a deployment run the same mode).
 
-For every batch size B, ``--repeats`` streaming requests of B prompts x ``--max-tokens``
-tokens (EOS ignored) go to each server in turn; a request's decode time per step is
+For every batch size B, each server first gets one untimed request of that size; then
+``--repeats`` streaming requests of B prompts x ``--max-tokens`` tokens (EOS ignored) go
+to each server in turn; a request's decode time per step is
 (last token - first token of the batch) / (max_tokens - 1): every step emits one token
 per sequence, so this is the time of one decode step of B sequences. Prints one table:
 medians per server, and the AFD/monolithic ratio per mode.
@@ -17,7 +18,7 @@ medians per server, and the AFD/monolithic ratio per mode.
 Run from the repository root on a host with two GPUs (the lent H200 machines: through
 the gpu-harness, whose engine settings come from ``$GPU_HARNESS_SETTINGS``)::
 
-    python benchmarks/afd_decode_gpu.py --tiny-model DIR [--repeats 2] [--max-tokens 32]
+    python benchmarks/afd_decode_gpu.py --tiny-model DIR [--repeats 5] [--max-tokens 32]
 
 ``--connector``, ``--modes``, ``--batches`` and ``--sizes`` (JSON merged over the wide
 sizes) exist for a dry run of the script itself on a CPU host (gloo, eager, tiny sizes).
@@ -88,7 +89,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny-model", type=Path, required=True, help="tiny-qwen3-moe dir")
     parser.add_argument("--work-dir", type=Path, help="keep the model and logs here")
-    parser.add_argument("--repeats", type=int, default=2, help="requests per cell")
+    parser.add_argument("--repeats", type=int, default=5, help="requests per cell")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens per prompt")
     parser.add_argument("--connector", default="P2pNcclAFDConnector")
     parser.add_argument("--modes", default="eager,graphs", help="eager and/or graphs")
@@ -143,10 +144,10 @@ def main() -> int:
             took = server.wait_healthy(time.monotonic() + START_TIMEOUT_S)
             print(f"monolithic-{mode} healthy after {took:.1f} s")
             servers[f"monolithic-{mode}"] = server.url
-        for url in servers.values():  # warm-up
-            per_token_ms(url, model.name, 8, 4)
         times: dict[tuple[str, int], list[float]] = {}
         for batch in batches:
+            for url in servers.values():  # untimed: the first request of a batch size
+                per_token_ms(url, model.name, batch, 4)
             for _ in range(args.repeats):
                 for label, url in servers.items():
                     times.setdefault((label, batch), []).append(

@@ -28,17 +28,14 @@ def harness_cli_args() -> tuple[str, ...]:
     return tuple(runpy.run_path(path)["HARNESS_CLI_ARGS"])
 
 
-def server_args(graphs: bool = False, mla: bool = False) -> tuple[str, ...]:
+def server_args(graphs: bool = False) -> tuple[str, ...]:
     """The extra command-line arguments of every server of this suite.
 
     ``graphs``: capture FULL_DECODE_ONLY CUDA graphs (the harness's eager flag dropped,
     ``cudagraph_mode`` merged into its compilation config); the server must then be
-    started without ``--enforce-eager``. ``mla``: the model's attention is MLA, so the
-    harness's attention backend becomes ``TRITON_MLA`` (vLLM chooses by itself elsewhere).
+    started without ``--enforce-eager``.
     """
     args = list(harness_cli_args())
-    if mla and "--attention-backend" in args:
-        args[args.index("--attention-backend") + 1] = "TRITON_MLA"
     if graphs:
         args = with_full_decode_graphs(args)
     return (*args, "--gpu-memory-utilization", GPU_MEMORY_UTILIZATION)

@@ -26,18 +26,14 @@ import pytest
 from afd_core.launch import DeploymentSpec, LocalDeployment
 from afd_models.tiny.specs import MEASURED_TOKENS, PROMPTS
 from tests.e2e_cpu.harness import Completion, MonolithicServers, complete
-from tests.e2e_gpu.gpu_settings import (
-    cuda_device_count,
-    role_env,
-    server_args,
-)
+from tests.e2e_gpu.gpu_settings import cuda_device_count, role_env, server_args
 
 pytest.importorskip("vllm")
 pytest.importorskip("openai")
 
 pytestmark = pytest.mark.slow
 
-QWEN3_MOE, DEEPSEEK_V2 = "tiny-qwen3-moe", "tiny-deepseek-v2"
+MODEL = "tiny-qwen3-moe"
 MAX_TOKENS = min(12, MEASURED_TOKENS)
 #: Largest accepted |AFD - monolithic| of a top-5 logprob, in nats: the FFN rank runs the
 #: same kernels on the same tokens as the monolithic server, so any difference is a bf16
@@ -65,27 +61,18 @@ class Case:
     connector: str = "P2pGlooAFDConnector"
     ffn_first: bool = True
     graphs: bool = False
-    model: str = QWEN3_MOE
 
     @property
     def id(self) -> str:
         gate = "gate-attn" if self.gate_on_attention else "gate-ffn"
         order = "ffn-first" if self.ffn_first else "attn-first"
         mode = "graphs" if self.graphs else "eager"
-        return f"{self.model}-1A1F-{gate}-runner-{self.runner}-{self.connector}-{order}-{mode}"
+        return f"{MODEL}-1A1F-{gate}-runner-{self.runner}-{self.connector}-{order}-{mode}"
 
     @property
     def role_env(self) -> dict[str, dict[str, str]]:
         """One GPU per role for NCCL; both roles on the attention GPU otherwise."""
         return role_env(one_gpu_per_role=self.connector == NCCL)
-
-    @property
-    def mla(self) -> bool:
-        """The model's attention is MLA (DeepSeek-V2)."""
-        return self.model == DEEPSEEK_V2
-
-    def server_args(self, graphs: bool) -> tuple[str, ...]:
-        return server_args(graphs=graphs, mla=self.mla)
 
 
 # Both runners and both gate placements are covered by the first two cases.
@@ -100,8 +87,6 @@ CASES = [
     Case("v1", gate_on_attention=True, connector=NCCL, ffn_first=True, graphs=True),
     Case("v2", gate_on_attention=True, connector=NCCL, ffn_first=True, graphs=True),
     Case("v1", gate_on_attention=False, connector=NCCL, ffn_first=False, graphs=True),
-    Case("v2", gate_on_attention=False, connector=NCCL, model=DEEPSEEK_V2),
-    Case("v1", gate_on_attention=True, connector=NCCL, graphs=True, model=DEEPSEEK_V2),
 ]
 
 
@@ -125,16 +110,15 @@ def test_afd_on_cuda_serves_the_same_tokens_as_monolithic_vllm(
 ) -> None:
     if case.connector == NCCL and cuda_device_count() < 2:
         pytest.skip(f"{NCCL} needs two GPUs (one per role); this host has {cuda_device_count()}")
-    model = tiny_models / case.model
+    model = tiny_models / MODEL
     env = RUNNER_ENV[case.runner]
-    eager_server = monolithic_servers.get(
-        model, extra_env=env, extra_args=case.server_args(graphs=False)
+    eager_reference = complete(
+        monolithic_servers.get(model, extra_env=env).url, PROMPTS, MAX_TOKENS
     )
-    eager_reference = complete(eager_server.url, PROMPTS, MAX_TOKENS)
     reference = eager_reference
     if case.graphs:
         graph_server = monolithic_servers.get(
-            model, enforce_eager=False, extra_env=env, extra_args=case.server_args(graphs=True)
+            model, enforce_eager=False, extra_env=env, extra_args=server_args(graphs=True)
         )
         reference = complete(graph_server.url, PROMPTS, MAX_TOKENS)
     spec = DeploymentSpec(
@@ -144,7 +128,7 @@ def test_afd_on_cuda_serves_the_same_tokens_as_monolithic_vllm(
         ffn_first=case.ffn_first,
         stagger_s=3.0,
         enforce_eager=not case.graphs,
-        extra_args=case.server_args(graphs=case.graphs),
+        extra_args=server_args(graphs=case.graphs),
         extra_env=env,
         role_env=case.role_env,
         start_timeout_s=START_TIMEOUT_S,

@@ -1,13 +1,11 @@
 """Stopping either role of an AFD deployment on two GPUs ends the other's waits, bounded.
 
-AFD 1A1F over ``P2pNcclAFDConnector`` (attention on GPU 0, FFN on GPU 1), eager and with
-``FULL_DECODE_ONLY`` graphs, ``afd_process_group_timeout_s`` short. With graphs the
-attention rank does not wait for its replays on the host: a replay whose FFN peer is
-gone spins on the device until the connector's replay watch aborts the NCCL group at the
-timeout; the next step then raises AFDPeerError and the attention server exits. Skips
-unless two CUDA devices are visible.
-
-Status: written after the session's device time was spent; not yet run on a GPU.
+AFD 1A1F over ``P2pNcclAFDConnector`` (the roles on the GPUs of
+``gpu_settings.role_gpus``), eager and with ``FULL_DECODE_ONLY`` graphs,
+``afd_process_group_timeout_s`` short. With graphs the attention rank does not wait for
+its replays on the host: a replay whose FFN peer is gone spins on the device until the
+connector's replay watch aborts the NCCL group at the timeout; the next step then raises
+AFDPeerError and the attention server exits. Skips unless two CUDA devices are visible.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ The FFN rank applies a known function (``hidden * 2 + layer``, plus the row sum 
 router logits when the gate runs on attention) on its GPU; the attention rank checks every
 result exactly on its GPU. Inputs are small integers, exact in bf16. Every rank runs in a
 spawned process (CUDA cannot be forked) with a hard timeout; all are killed at the end.
-Skips unless two CUDA devices are visible.
+Uses the first two visible GPUs (``CUDA_VISIBLE_DEVICES`` chooses them). Skips unless two
+CUDA devices are visible.
 """
 
 from __future__ import annotations
