@@ -28,29 +28,29 @@ def harness_cli_args() -> tuple[str, ...]:
     return tuple(runpy.run_path(path)["HARNESS_CLI_ARGS"])
 
 
-def server_args(graphs: bool = False) -> tuple[str, ...]:
+def server_args(graphs: bool = False, graph_mode: str = "FULL_DECODE_ONLY") -> tuple[str, ...]:
     """The extra command-line arguments of every server of this suite.
 
-    ``graphs``: capture FULL_DECODE_ONLY CUDA graphs (the harness's eager flag dropped,
-    ``cudagraph_mode`` merged into its compilation config); the server must then be
-    started without ``--enforce-eager``.
+    ``graphs``: capture CUDA graphs in vLLM's ``cudagraph_mode`` ``graph_mode`` (the
+    harness's eager flag dropped, the mode merged into its compilation config); the
+    server must then be started without ``--enforce-eager``.
     """
     args = list(harness_cli_args())
     if graphs:
-        args = with_full_decode_graphs(args)
+        args = with_cuda_graphs(args, graph_mode)
     return (*args, "--gpu-memory-utilization", GPU_MEMORY_UTILIZATION)
 
 
-def with_full_decode_graphs(args: list[str]) -> list[str]:
-    """``args`` without ``--enforce-eager`` and with ``cudagraph_mode`` FULL_DECODE_ONLY."""
+def with_cuda_graphs(args: list[str], mode: str = "FULL_DECODE_ONLY") -> list[str]:
+    """``args`` without ``--enforce-eager`` and with ``cudagraph_mode`` ``mode``."""
     args = [a for a in args if a != "--enforce-eager"]
     flag = "--compilation-config"
     if flag in args:
         i = args.index(flag) + 1
-        config = json.loads(args[i]) | {"cudagraph_mode": "FULL_DECODE_ONLY"}
+        config = json.loads(args[i]) | {"cudagraph_mode": mode}
         args[i] = json.dumps(config)
     else:
-        args += [flag, json.dumps({"cudagraph_mode": "FULL_DECODE_ONLY"})]
+        args += [flag, json.dumps({"cudagraph_mode": mode})]
     return args
 
 

@@ -6,23 +6,21 @@ import json
 
 import pytest
 
-from tests.e2e_gpu.gpu_settings import ROLE_GPUS_ENV, role_env, role_gpus, with_full_decode_graphs
+from tests.e2e_gpu.gpu_settings import ROLE_GPUS_ENV, role_env, role_gpus, with_cuda_graphs
 
 
-def test_full_decode_graphs_drop_the_eager_flag_and_keep_the_harness_compilation_config() -> None:
+def test_graphs_drop_the_eager_flag_and_keep_the_harness_compilation_config() -> None:
     args = ["--enforce-eager", "--compilation-config", '{"mode": 0}', "--dtype", "bfloat16"]
-    got = with_full_decode_graphs(args)
+    got = with_cuda_graphs(args)
     assert "--enforce-eager" not in got
     config = json.loads(got[got.index("--compilation-config") + 1])
     assert config == {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
     assert got[-2:] == ["--dtype", "bfloat16"]
 
 
-def test_full_decode_graphs_add_a_compilation_config_when_there_is_none() -> None:
-    got = with_full_decode_graphs(["--dtype", "bfloat16"])
-    assert json.loads(got[got.index("--compilation-config") + 1]) == {
-        "cudagraph_mode": "FULL_DECODE_ONLY"
-    }
+def test_graphs_add_a_compilation_config_when_there_is_none() -> None:
+    got = with_cuda_graphs(["--dtype", "bfloat16"], "FULL")
+    assert json.loads(got[got.index("--compilation-config") + 1]) == {"cudagraph_mode": "FULL"}
 
 
 def test_roles_default_to_gpus_0_and_1(monkeypatch: pytest.MonkeyPatch) -> None:
