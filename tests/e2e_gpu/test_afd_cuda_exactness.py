@@ -8,9 +8,9 @@ Model Runner V2 (vLLM's CUDA default) and V1 (``VLLM_USE_V2_MODEL_RUNNER=0``), e
 CUDA graphs, ``FULL_DECODE_ONLY`` and ``FULL`` (NCCL only; the monolithic reference then
 captures the same graphs, and the AFD output is also compared with monolithic eager
 output: same greedy tokens, and with ``FULL_DECODE_ONLY`` the same logprobs within the
-tolerance. ``FULL`` also replays prefill through padded graphs, which moves vLLM's own
-logprobs off eager: measured on H200, AFD with ``FULL`` equals monolithic with ``FULL``
-exactly and both differ from eager by up to 0.125 nats).
+tolerance. Under ``FULL`` vLLM's own logprobs move off eager, most likely because prefill
+batches replay padded graphs too: measured on H200, AFD with ``FULL`` equals monolithic
+with ``FULL`` exactly and both differ from eager by up to 0.125 nats).
 
 With ``P2pGlooAFDConnector`` (a CPU transport) both roles share the attention GPU (GPU 0
 unless ``$AFD_E2E_ROLE_GPUS`` says otherwise): the attention role's tensors cross to the
