@@ -28,6 +28,7 @@ The worker assigns ``afd_driver`` once the connector is up.
 from __future__ import annotations
 
 import inspect
+from contextlib import nullcontext
 from typing import Any
 
 from afd_attention.step_driver import SCHEDULED, StepDriver, StepFlags
@@ -100,11 +101,9 @@ class AttentionRunnerMixin(_DriverHolder):
         dummy_run = super()._dummy_run  # type: ignore[misc]
         flags = dummy_run_flags(dummy_run, num_tokens, args, kwargs)
         driver = self._afd_require_driver()
-        with driver.dummy_flags(flags):
-            if not flags.is_graph_capturing:
-                return dummy_run(num_tokens, *args, **kwargs)
-            with driver.graph_capture():
-                return dummy_run(num_tokens, *args, **kwargs)
+        capture = driver.graph_capture() if flags.is_graph_capturing else nullcontext()
+        with driver.dummy_flags(flags), capture:
+            return dummy_run(num_tokens, *args, **kwargs)
 
 
 class AttentionRunnerV2Mixin(_DriverHolder):

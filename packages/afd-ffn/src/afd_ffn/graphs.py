@@ -119,13 +119,17 @@ class FFNStepGraphs:
 
     def _run(self, step: FFNStep, inputs: list[_Inputs]) -> None:
         """Every stage and layer of ``step``: receive, compute, send (captured or not)."""
-        connector, wire = self._connector, self._wire
+        connector = self._connector
         for stage, tensors in enumerate(inputs):
             for layer in self._layers:
-                logits = tensors.router_logits if wire.logits_width_at(layer) else None
+                logits = self._logits_at(tensors, layer)
                 connector.recv_hidden_into(step, layer, stage, tensors.hidden, logits)
                 output = self._model.afd_compute_ffn(layer, tensors.hidden, logits)
                 connector.send_output_from(step, layer, stage, output)
+
+    def _logits_at(self, tensors: _Inputs, layer: int) -> Any | None:
+        """The stage's router-logit input when ``layer`` carries router logits, else None."""
+        return tensors.router_logits if self._wire.logits_width_at(layer) else None
 
     def _capture(self, step: FFNStep, key: ShapeKey) -> None:
         torch = self._torch
@@ -133,8 +137,7 @@ class FFNStepGraphs:
         # Warm up the kernels of this shape (compilation, workspaces) outside the capture.
         for tensors in inputs:
             for layer in self._layers:
-                logits = tensors.router_logits if self._wire.logits_width_at(layer) else None
-                self._model.afd_compute_ffn(layer, tensors.hidden, logits)
+                self._model.afd_compute_ffn(layer, tensors.hidden, self._logits_at(tensors, layer))
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()

@@ -12,10 +12,10 @@ class FFNStats:
     ``steps``: control payloads (forwards of the attention ranks) completed;
     ``layer_exchanges``: (layer, stage) batches computed and sent back; ``tokens``: tokens
     of the completed steps, summed over the attention ranks and stages of each step (a
-    token counts once per step, not once per layer). Of the steps, CUDA graph steps:
-    ``graphs_captured`` (captures; no data flows), ``graph_replays`` (served by replaying
-    a captured graph), ``graph_steps_eager`` (served eagerly: no graph of that shape).
-    Written only by the server thread;
+    token counts once per step, not once per layer). CUDA graphs: ``graphs_captured``
+    (capture steps; they move no data and are not counted as steps), ``graph_replays``
+    and ``graph_steps_eager`` (graph steps served by replaying a captured graph, or
+    eagerly because no graph of their shape is kept). Written only by the server thread;
     readers see whole numbers (Python int updates are atomic), possibly one step behind.
     """
 

@@ -105,8 +105,9 @@ class P2pProtocolConnector(AttentionSideMixin, FFNSideMixin, GraphStepsMixin, Co
         self._torch: Any = None
         self._buffers: MessageBuffers | None = None
         self._slots: dict[tuple[object, ...], Slot] = {}
-        # Attention side, per stage: (send, receive, receive slot, layer, step) in flight.
-        self._inflight: dict[int, tuple[Any, Any, Slot, int, int]] = {}
+        # Attention side, per stage: (send, receive, receive slot, layer, step) in flight;
+        # a graph step has (its sends, None, None, layer, step) (see p2p_graph).
+        self._inflight: dict[int, tuple[Any, Any, Slot | None, int, int]] = {}
         self._failure: AFDError | None = None
         # Attention side: the FFN rank, what this rank announced, exchanges done and
         # expected, and whether the announced step is a CUDA graph step.
