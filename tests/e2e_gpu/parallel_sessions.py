@@ -10,9 +10,10 @@ its own ``--basetemp`` and its own log file::
         --session "2,3: tests/e2e_gpu/test_afd_cuda_exactness.py -k 'P2pNccl and eager'"
 
 A session still running at the timeout gets SIGINT (pytest then runs its fixtures'
-teardown, which stops the servers), and SIGKILL for its process group 30 s later. Exits
-non-zero unless every session passed. The servers' logs of all sessions are packed into
-``LOGS/server-logs.tar.gz``.
+teardown, which stops the servers), and SIGKILL for its process group 30 s later; so do
+all sessions when this script gets SIGINT or SIGTERM. Servers that a killed pytest
+started in their own process sessions outlive it. Exits non-zero unless every session
+passed. The servers' logs of all sessions are packed into ``LOGS/server-logs.tar.gz``.
 """
 
 from __future__ import annotations
@@ -67,7 +68,12 @@ class Session:
             log.write(f"$ AFD_E2E_ROLE_GPUS={self.gpus} {shlex.join(command)}\n".encode())
             log.flush()
             self.process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                command,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_default_sigint,
             )
 
     def enforce(self, deadline: float) -> None:
@@ -90,6 +96,21 @@ class Session:
         return f"session {self.index} [{self.gpus}] rc={self.process.returncode}{late}: {last}"
 
 
+def _default_sigint() -> None:
+    """In the child: take SIGINT again even when this script was started ignoring it (a
+    background job of a non-interactive shell), so pytest gets KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def wait_for(sessions: list[Session], deadline: float) -> None:
+    """Return once every started session ended, interrupting them after ``deadline``."""
+    started = [s for s in sessions if s.process is not None]
+    while any(s.process is not None and s.process.poll() is None for s in started):
+        for session in started:
+            session.enforce(deadline)
+        time.sleep(1.0)
+
+
 def pack_server_logs(temp_root: Path, archive: Path) -> None:
     """Every ``*.log`` under the sessions' temporary folders, in one gzipped tar."""
     with tarfile.open(archive, "w:gz") as tar:
@@ -106,14 +127,15 @@ def main() -> int:
     args.logs.mkdir(parents=True, exist_ok=True)
     temp_root = Path(tempfile.mkdtemp(prefix="afd-e2e-gpu-"))
     sessions = [Session.parse(i, text, args.logs, temp_root) for i, text in enumerate(args.session)]
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     started = time.monotonic()
-    deadline = started + args.timeout_s
-    for session in sessions:
-        session.start()
-    while any(s.process is not None and s.process.poll() is None for s in sessions):
+    try:
         for session in sessions:
-            session.enforce(deadline)
-        time.sleep(1.0)
+            session.start()
+        wait_for(sessions, started + args.timeout_s)
+    except BaseException:  # a signal or a failed start: interrupt the sessions started
+        wait_for(sessions, time.monotonic())
+        raise
     print(f"{len(sessions)} sessions in {time.monotonic() - started:.0f} s")
     for session in sessions:
         print(session.summary())
