@@ -359,9 +359,10 @@ def ranks() -> Iterator[Ranks]:
 
 @pytest.fixture
 def port() -> int:
-    from tests.integration.conftest import free_port
+    from afd_core.launch import free_ports
 
-    return free_port()
+    (free,) = free_ports(1)
+    return free
 
 
 # Tests -------------------------------------------------------------------------------------

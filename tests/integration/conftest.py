@@ -11,7 +11,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
-import socket
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -20,12 +19,7 @@ from typing import Any
 
 import pytest
 
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from afd_core.launch import free_ports
 
 
 @dataclass(frozen=True)
@@ -158,4 +152,5 @@ def ranks() -> Iterator[RankGroup]:
 @pytest.fixture
 def port() -> int:
     """A free TCP port for the rendezvous store."""
-    return free_port()
+    (free,) = free_ports(1)
+    return free

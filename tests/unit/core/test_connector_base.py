@@ -14,6 +14,7 @@ from afd_core.config import AFDConfig
 from afd_core.connector import Connector, ControlPlane, WireSpec
 from afd_core.connectors.gloo import P2pGlooAFDConnector
 from afd_core.errors import AFDConfigError, AFDShutdown
+from afd_core.launch import free_ports
 
 WIRE = WireSpec(hidden_size=8, dtype="float32", num_exchange_layers=2)
 
@@ -98,15 +99,9 @@ def test_connector_extra_config_is_rejected_when_the_connector_takes_none():
         P2pGlooAFDConnector(config(connector_extra_config={"depth": 2}), 0, WIRE)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.parametrize("role", ["ffn", "attention"])
 def test_gloo_connector_construction_opens_nothing(role):
-    port = free_port()
+    (port,) = free_ports(1)
     conn = P2pGlooAFDConnector(config(role, port=port), 0, WIRE)
     # FFN rank 0 hosts the store once initialized; constructing it must not bind the port.
     with socket.socket() as sock:

@@ -18,7 +18,14 @@ from types import SimpleNamespace
 import pytest
 
 from afd_core.errors import AFDConfigError
-from afd_core.launch import DeploymentSpec, ServerError, ServerSpec, VllmServer, free_ports
+from afd_core.launch import (
+    DeploymentSpec,
+    ServerError,
+    ServerSpec,
+    VllmServer,
+    deployment,
+    free_ports,
+)
 from afd_core.launch.processes import kill_session, session_processes, started_sessions
 from tests.unit.core.fake_connectors import CONNECTORS
 
@@ -140,6 +147,17 @@ def test_free_ports_are_distinct():
     assert len(set(ports)) == 5 and all(0 < p < 65536 for p in ports)
 
 
+def test_free_ports_stay_out_of_the_ephemeral_range(monkeypatch, tmp_path):
+    # Outgoing connections take ephemeral ports; a port from there can be gone by the
+    # time a slow server binds it.
+    range_file = tmp_path / "ip_local_port_range"
+    range_file.write_text("32768\t60999\n")
+    monkeypatch.setattr(deployment, "_EPHEMERAL_RANGE_FILE", range_file)
+    assert all(20000 <= p < 32768 for p in free_ports(5))
+    range_file.write_text("1024\t65535\n")  # no room below: the OS picks
+    assert len(set(free_ports(3))) == 3
+
+
 # A stand-in server: a child that ignores SIGTERM and keeps running, like a stuck worker.
 _STUBBORN_TREE = (
     "import signal, subprocess, sys, time\n"
@@ -191,3 +209,20 @@ def test_kill_session_ends_every_member_of_the_session():
     proc.wait(timeout=10)
     assert len(killed) == 2 and proc.pid in killed
     assert session_processes(proc.pid) == []
+
+
+@needs_proc
+def test_a_server_error_quotes_the_first_error_lines_above_a_long_tail(monkeypatch, tmp_path):
+    script = (
+        "print('ERROR 11-29 [server.py:1] AFD FFN rank 0: address already in use')\n"
+        "for i in range(100): print('shutdown noise', i)\n"
+        "raise SystemExit(1)"
+    )
+    server = _fake_server(monkeypatch, tmp_path, script)
+    server.start()
+    with pytest.raises(ServerError) as failure:
+        server.wait_healthy(time.monotonic() + 30)
+    server.stop()
+    message = str(failure.value)
+    assert "first error lines" in message and "address already in use" in message
+    assert "shutdown noise 99" in message and "shutdown noise 10\n" not in message

@@ -10,6 +10,7 @@ servers (:attr:`LocalDeployment.endpoints`); the FFN servers run with
 
 from __future__ import annotations
 
+import random
 import socket
 import tempfile
 import time
@@ -250,8 +251,7 @@ class LocalDeployment:
                 late = pending[0]
                 raise ServerError(
                     f"AFD deployment: {', '.join(s.spec.name for s in pending)} not healthy "
-                    f"{self.spec.start_timeout_s:.0f} s after start; last lines of "
-                    f"{late.log_path}:\n{late.log_tail()}"
+                    f"{self.spec.start_timeout_s:.0f} s after start; {late.log_digest()}"
                 )
             if pending and now > next_report:
                 waiting = ", ".join(
@@ -263,10 +263,50 @@ class LocalDeployment:
                 time.sleep(0.5)
 
 
+#: Where :func:`free_ports` looks first: below Linux's default ephemeral range.
+_QUIET_PORTS = range(20000, 32768)
+_EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _quiet_ports() -> range:
+    """Ports the OS does not hand out for outgoing connections (empty if unknown).
+
+    A port taken from the ephemeral range can be grabbed by any process's next outgoing
+    connection (an HTTP health probe, a ZMQ socket) in the seconds before the server that
+    was given it binds; vLLM servers bind their connector port only after loading the
+    model, so that window is long.
+    """
+    try:
+        low, _high = (int(v) for v in _EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return range(0)
+    if low <= _QUIET_PORTS.start:
+        return range(0)
+    return range(_QUIET_PORTS.start, min(_QUIET_PORTS.stop, low))
+
+
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` distinct TCP ports that are free on ``host`` right now."""
+    """``count`` distinct TCP ports that are free on ``host`` right now.
+
+    Prefers ports below the OS's ephemeral range (see :func:`_quiet_ports`), picked at
+    random so concurrent callers rarely pick the same one; falls back to ports the OS
+    picks when that range is unknown or has no free port.
+    """
+    candidates = list(_quiet_ports())
+    random.shuffle(candidates)
     with ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
+        ports: list[int] = []
+        for port in candidates:
+            if len(ports) == count:
+                break
+            sock = stack.enter_context(socket.socket())
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            ports.append(port)
+        while len(ports) < count:
+            sock = stack.enter_context(socket.socket())
             sock.bind((host, 0))
-        return [sock.getsockname()[1] for sock in sockets]
+            ports.append(sock.getsockname()[1])
+        return ports

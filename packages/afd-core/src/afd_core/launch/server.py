@@ -12,6 +12,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -43,6 +44,8 @@ _HEALTH_POLL_S = 0.5
 # vLLM's IPC sockets are <TMPDIR>/<36-character uuid>; unix socket paths hold 107 bytes.
 _MAX_TEMP_ROOT_LEN = 48
 _HTTP_TIMEOUT_S = 2.0
+# A vLLM log line at ERROR level, or the last line of a traceback ("ValueError: ...").
+_ERROR_LINE = re.compile(r"\bERROR\b|\b\w+(?:Error|Exception): ")
 
 
 class ServerError(AFDError):
@@ -206,15 +209,14 @@ class VllmServer:
         return time.monotonic() - self._started_at if self._proc else 0.0
 
     def check_alive(self) -> None:
-        """Raise ServerError (with the log's last lines) if the server process exited."""
+        """Raise ServerError (with :meth:`log_digest`) if the server process exited."""
         if self._proc is None:
             raise ServerError(f"{self.spec.name}: not started")
         code = self._proc.poll()
         if code is not None:
             raise ServerError(
                 f"{self.spec.name} ({self.url}) exited with status {code} after "
-                f"{self.seconds_since_start():.0f} s; last lines of {self.log_path}:\n"
-                f"{self.log_tail()}"
+                f"{self.seconds_since_start():.0f} s; {self.log_digest()}"
             )
 
     def is_healthy(self) -> bool:
@@ -229,15 +231,14 @@ class VllmServer:
     def wait_healthy(self, deadline: float) -> float:
         """Poll ``/health`` until it answers 200; return the seconds since start.
 
-        ``deadline`` is a ``time.monotonic()`` value. Raises ServerError, quoting the
-        log's last lines, when the process exits or the deadline passes.
+        ``deadline`` is a ``time.monotonic()`` value. Raises ServerError, quoting
+        :meth:`log_digest`, when the process exits or the deadline passes.
         """
         while not self.is_healthy():
             if time.monotonic() > deadline:
                 raise ServerError(
                     f"{self.spec.name} ({self.url}) was not healthy "
-                    f"{self.seconds_since_start():.0f} s after start; last lines of "
-                    f"{self.log_path}:\n{self.log_tail()}"
+                    f"{self.seconds_since_start():.0f} s after start; {self.log_digest()}"
                 )
             time.sleep(_HEALTH_POLL_S)
         return self.seconds_since_start()
@@ -307,6 +308,24 @@ class VllmServer:
                 return "".join(deque(f, maxlen=lines))
         except OSError:
             return ""
+
+    def log_digest(self, tail_lines: int = 40, error_lines: int = 10) -> str:
+        """What an error report quotes from the log: its first error lines, then its tail.
+
+        The first ``error_lines`` lines logged at ERROR level (or naming an exception)
+        usually say why a server died; by the time it has exited they are often far above
+        the tail, which then holds only the API server's shutdown traceback.
+        """
+        try:
+            with open(self.log_path, errors="replace") as f:
+                lines = f.readlines()
+        except OSError:
+            return f"no log at {self.log_path}"
+        first_errors = [line for line in lines if _ERROR_LINE.search(line)][:error_lines]
+        tail = "".join(lines[-tail_lines:])
+        if not first_errors:
+            return f"last lines of {self.log_path}:\n{tail}"
+        return f"first error lines of {self.log_path}:\n{''.join(first_errors)}last lines:\n{tail}"
 
     def __enter__(self) -> VllmServer:
         self.start()
