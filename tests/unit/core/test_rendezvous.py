@@ -1,7 +1,9 @@
-"""Hello records and how two of them are compared at rendezvous (pure Python)."""
+"""Hello records, how two of them are compared at rendezvous, and the listener probe."""
 
 from __future__ import annotations
 
+import socket
+import sys
 from dataclasses import replace
 
 import pytest
@@ -9,7 +11,8 @@ import pytest
 from afd_core.config import AFDConfig
 from afd_core.connector import WireSpec
 from afd_core.errors import AFDProtocolError
-from afd_core.rendezvous import PROTOCOL, Hello, compare_hello
+from afd_core.launch import free_ports
+from afd_core.rendezvous import PROTOCOL, Hello, compare_hello, is_self_connection
 
 WIRE = WireSpec(hidden_size=128, dtype="bfloat16", num_exchange_layers=4)
 
@@ -76,3 +79,16 @@ def test_every_difference_is_listed():
         "wire.dtype='bfloat16'",
     ):
         assert field in message
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="TCP simultaneous open is Linux behaviour")
+def test_a_probe_connected_to_itself_is_not_a_listener():
+    # What the attention side's probe of a not yet listening FFN port can run into.
+    (port,) = free_ports(1)
+    with socket.socket() as own:
+        own.bind(("127.0.0.1", port))
+        own.connect(("127.0.0.1", port))
+        assert is_self_connection(own)
+    listener = socket.create_server(("127.0.0.1", 0))
+    with listener, socket.create_connection(listener.getsockname()) as client:
+        assert not is_self_connection(client)

@@ -203,12 +203,22 @@ def open_session(
 
 
 def _listening(host: str, port: int) -> bool:
-    """Whether something accepts TCP connections at host:port (probe without torch noise)."""
+    """Whether something accepts TCP connections at host:port (probe without torch noise).
+
+    A probe of a local port in the OS's ephemeral range that nobody listens on can
+    connect to itself (TCP simultaneous open, when the OS picks that very port as the
+    probe's source); such a connection is not a listener.
+    """
     try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
+        with socket.create_connection((host, port), timeout=0.5) as probe:
+            return not is_self_connection(probe)
     except OSError:
         return False
+
+
+def is_self_connection(sock: socket.socket) -> bool:
+    """Whether the connected ``sock`` is connected to itself (same local and peer address)."""
+    return sock.getsockname() == sock.getpeername()
 
 
 def _wait_until(
