@@ -7,12 +7,14 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
+import torch.distributed as dist
 
 from afd_core.launch import free_ports
 from afd_core.peer_watch import PeerWatch, announce_leaving
-from afd_core.rendezvous import Session, listening, store_client
+from afd_core.rendezvous import Session, listening
 
 _HOST_SCRIPT = (
     "import sys, time, datetime, torch.distributed as dist\n"
@@ -44,7 +46,10 @@ def hosted_session() -> Iterator[tuple[Session, subprocess.Popen[bytes]]]:
         while not listening("127.0.0.1", port):
             assert host.poll() is None and time.monotonic() < deadline, "store did not start"
             time.sleep(0.05)
-        yield Session(store_client("127.0.0.1", port, 10), "s1", "127.0.0.1", port), host
+        client = dist.TCPStore(
+            "127.0.0.1", port, None, False, timedelta(seconds=10), wait_for_workers=False
+        )
+        yield Session(client, "s1", "127.0.0.1", port), host
     finally:
         host.kill()
         host.wait(10)

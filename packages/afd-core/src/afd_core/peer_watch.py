@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from afd_core.rendezvous import Session, listening, store_client
+from afd_core.rendezvous import Session, listening
 
 if TYPE_CHECKING:
     from torch.distributed import Store
@@ -90,11 +90,17 @@ class PeerWatch:
             self._thread.join(join_timeout_s)
 
     def _run(self) -> None:
-        polls = 0  # consecutive polls that saw a loss
+        seen: tuple[int, str] | None = None
+        polls = 0
         while not self._stopped.wait(self._poll_s):
             loss = self._poll()
-            polls = 0 if loss is None else polls + 1
-            if loss is not None and polls >= CONFIRM_POLLS:
+            if loss is None or (seen is not None and loss[0] != seen[0]):
+                polls = 0
+            seen = loss
+            if loss is None:
+                continue
+            polls += 1
+            if polls >= CONFIRM_POLLS:
                 if not self._stopped.is_set():
                     self._on_lost(*loss)
                 return
@@ -106,7 +112,7 @@ class PeerWatch:
             if self._store is None:
                 if not listening(session.host, session.port):
                     return self._store_gone("refuses connections")
-                self._store = store_client(session.host, session.port, STORE_TIMEOUT_S)
+                self._store = self._connect()
             for rank in self._peers:
                 key = session.key("left", rank)
                 if self._store.check([key]):
@@ -121,3 +127,15 @@ class PeerWatch:
         if STORE_HOST_RANK not in self._peers:
             return None
         return STORE_HOST_RANK, f"its rendezvous store at {self._session.address} {what}"
+
+    def _connect(self) -> Store:
+        import torch.distributed as dist
+
+        return dist.TCPStore(
+            self._session.host,
+            self._session.port,
+            None,
+            False,
+            timedelta(seconds=STORE_TIMEOUT_S),
+            wait_for_workers=False,
+        )

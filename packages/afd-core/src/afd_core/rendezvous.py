@@ -195,7 +195,8 @@ def open_session(
     )
     _wait_until(lambda: listening(host, port), deadline, should_stop, late)
     try:
-        store = store_client(host, port, max(deadline - time.monotonic(), 1.0))
+        remaining = timedelta(seconds=max(deadline - time.monotonic(), 1.0))
+        store = dist.TCPStore(host, port, None, False, remaining, wait_for_workers=False)
         _wait_until(lambda: store.check(["afd/session"]), deadline, should_stop, late)
         session_id = store.get("afd/session").decode()
     except AFDError:
@@ -205,15 +206,6 @@ def open_session(
             f"AFD rendezvous: lost the store at {address} ({exc}); FFN rank 0 stopped — see its log"
         ) from exc
     return Session(store, session_id, host, port)
-
-
-def store_client(host: str, port: int, timeout_s: float) -> Store:
-    """A client connection to the store at host:port; its operations wait ``timeout_s``."""
-    import torch.distributed as dist
-
-    return dist.TCPStore(
-        host, port, None, False, timedelta(seconds=timeout_s), wait_for_workers=False
-    )
 
 
 def listening(host: str, port: int) -> bool:
