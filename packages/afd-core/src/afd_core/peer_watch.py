@@ -44,13 +44,8 @@ STORE_HOST_RANK = 0
 
 
 def announce_leaving(session: Session, world_rank: int, reason: str) -> None:
-    """Record that ``world_rank`` leaves the session (best effort: errors are ignored).
-
-    Bounds the session store's operations to :data:`STORE_TIMEOUT_S` first: the rank is
-    closing, and an unreachable store must not hold up its close.
-    """
+    """Record that ``world_rank`` leaves the session (best effort: errors are ignored)."""
     try:
-        session.store.set_timeout(timedelta(seconds=STORE_TIMEOUT_S))
         session.store.set(session.key("left", world_rank), reason)
     except RuntimeError as exc:  # the store's host is gone already: peers see that
         logger.debug("AFD: could not record that world rank %d leaves: %s", world_rank, exc)
