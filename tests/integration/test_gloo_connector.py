@@ -22,7 +22,6 @@ from afd_core.connector import WireSpec
 from afd_core.connectors.gloo import P2pGlooAFDConnector
 from afd_core.connectors.p2p_wire import a2f_header
 from afd_core.metadata import AFDDPMetadata, ControlPayload
-from afd_core.peer_watch import announce_leaving
 
 LAYERS = 3
 WIRE = WireSpec(hidden_size=16, dtype="float32", num_exchange_layers=LAYERS)
@@ -395,48 +394,6 @@ def test_close_wakes_recv_output_and_the_ffn_learns_the_attention_rank_left(rank
     assert out["ffn"].value.startswith(
         "AFDPeerError: AFD: attention rank 0 (world rank 1) closed the connection"
     ), out["ffn"].value
-
-
-def ffn_leaving_without_closing_its_pairs(port: int, release: Any) -> None:
-    """Takes one layer, then records that it left, keeping every gloo pair open.
-
-    The transport sees nothing; only the peer watch can tell the attention rank.
-    """
-    conn = connect("ffn", 0, port, 1, 1)
-    try:
-        step = conn.control_plane.recv_step()
-        conn.recv_hidden(step, 0, 0)
-        announce_leaving(conn._session, conn.world_rank, "stopped for the test")
-        assert release.wait(20)
-    finally:
-        conn.close()
-
-
-def attention_waiting_for_output(port: int, release: Any) -> None:
-    conn = connect("attention", 0, port, 1, 1, timeout_s=30)
-    try:
-        conn.control_plane.send_step(payload(0, 7, (2,)))
-        header = a2f_header(7, 0, 0, 2, 0, WIRE)
-        conn.send_hidden(header, torch.zeros(2, WIRE.hidden_size))
-        conn.recv_output(header, torch.empty(2, WIRE.hidden_size))
-    finally:
-        release.set()
-        conn.close()
-
-
-def test_a_peer_that_left_is_reported_long_before_the_timeout(ranks, port):
-    release = ranks.context.Event()
-    ranks.start("ffn", ffn_leaving_without_closing_its_pairs, port, release)
-    ranks.start("attn", attention_waiting_for_output, port, release)
-    out = ranks.join(40)
-    assert out["ffn"].ok, out["ffn"]
-    assert out["attn"].error_type == "AFDPeerError", out["attn"]
-    assert (
-        "FFN rank 0 (world rank 0) closed the connection during layer 0 of step 7"
-        in out["attn"].error
-    )
-    assert "it left: stopped for the test" in out["attn"].error
-    assert out["attn"].elapsed_s < 10  # the timeout is 30 s
 
 
 def stalled_ffn(port: int) -> None:

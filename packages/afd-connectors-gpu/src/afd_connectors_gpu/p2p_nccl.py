@@ -203,16 +203,6 @@ class P2pNcclAFDConnector(P2pGlooAFDConnector):
         self._control_frames.clear()
         self._write_stage = self._write_done = None
 
-    def _peer_gone(self, peer: int, how: str) -> None:
-        """Fail as the protocol does, then abort the group: transfers with ``peer`` never end.
-
-        That includes transfers of graph replays on the stream, which no wait of this
-        connector sees.
-        """
-        super()._peer_gone(peer, how)
-        if self._gone is not None:
-            self._abort_transfers()
-
     def _abort_transfers(self) -> None:
         """Abort the NCCL group: every pending transfer (captured ones too) ends.
 
@@ -321,7 +311,7 @@ class P2pNcclAFDConnector(P2pGlooAFDConnector):
                 handle.wait()  # captured: the stream joins NCCL's; nothing to poll
                 return
             while not handle.is_completed():
-                if self.is_closed or self._gone is not None:
+                if self.is_closed:
                     raise self._peer_failure(peer, what, "closed", False)
                 if deadline is not None and time.monotonic() >= deadline:
                     raise self._peer_failure(peer, what, "NCCL op still pending", True)
@@ -398,8 +388,6 @@ class P2pNcclAFDConnector(P2pGlooAFDConnector):
         while not event.query():
             if self.is_closed:
                 raise AFDShutdown(f"AFD: {self.name} was closed while waiting for {what}")
-            if self._failure is not None:
-                self._raise_unusable()
             if time.monotonic() >= deadline:
                 peers = self.topology.peers_of(self.config.role, self.role_rank)
                 exc = self._peer_failure(peers[0], what, "stream still running", True)

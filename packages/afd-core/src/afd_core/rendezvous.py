@@ -136,13 +136,7 @@ class Session:
 
     store: Store
     session_id: str
-    host: str
-    port: int
-
-    @property
-    def address(self) -> str:
-        """``host:port`` of the store."""
-        return f"{self.host}:{self.port}"
+    address: str
 
     def key(self, *parts: object) -> str:
         """``afd/<session>/<parts joined by '/'>``."""
@@ -186,14 +180,14 @@ def open_session(
                 f"AFD rendezvous: FFN rank 0 cannot listen on {address} ({exc}); another "
                 "process uses this port: stop it or set a free port in the AFD config"
             ) from exc
-        session = Session(store, secrets.token_hex(8), host, port)
+        session = Session(store, secrets.token_hex(8), address)
         store.set("afd/session", session.session_id)
         return session
     late = AFDPeerError(
         f"AFD rendezvous: FFN rank 0 (world rank 0) did not open the store at {address} "
         f"within {timeout_s:g} s; start the FFN role, or check host/port"
     )
-    _wait_until(lambda: listening(host, port), deadline, should_stop, late)
+    _wait_until(lambda: _listening(host, port), deadline, should_stop, late)
     try:
         remaining = timedelta(seconds=max(deadline - time.monotonic(), 1.0))
         store = dist.TCPStore(host, port, None, False, remaining, wait_for_workers=False)
@@ -205,10 +199,10 @@ def open_session(
         raise AFDPeerError(
             f"AFD rendezvous: lost the store at {address} ({exc}); FFN rank 0 stopped — see its log"
         ) from exc
-    return Session(store, session_id, host, port)
+    return Session(store, session_id, address)
 
 
-def listening(host: str, port: int) -> bool:
+def _listening(host: str, port: int) -> bool:
     """Whether something accepts TCP connections at host:port (probe without torch noise).
 
     A probe of a local port in the OS's ephemeral range that nobody listens on can

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 from afd_core.connectors.p2p_protocol import P2pProtocolConnector, Purpose
 from afd_core.connectors.p2p_wire import TAG_WAKE
 from afd_core.errors import AFDPeerError, AFDShutdown
-from afd_core.peer_watch import PeerWatch, announce_leaving
 from afd_core.rendezvous import Hello, Session, exchange_hello, open_session
 
 if TYPE_CHECKING:
@@ -53,7 +52,6 @@ class P2pGlooAFDConnector(P2pProtocolConnector):
         self._session: Session | None = None
         self._pg: Any = None
         self._interrupted = False
-        self._watch: PeerWatch | None = None
 
     def _initialize(self) -> None:
         try:
@@ -94,21 +92,8 @@ class P2pGlooAFDConnector(P2pProtocolConnector):
         if self.is_closed:
             raise AFDShutdown(f"AFD: {self.name} was closed during initialize()")
         self._start_protocol()
-        self._watch = self._watch_peers(self._session)
-
-    def _watch_peers(self, session: Session) -> PeerWatch:
-        """Start the thread that fails this connector when a peer leaves the session."""
-        peers = self.topology.peers_of(self.config.role, self.role_rank)
-        watch = PeerWatch(session, peers, self._peer_gone)
-        watch.start()
-        return watch
 
     def _close(self) -> None:
-        watch, self._watch = self._watch, None
-        if watch is not None:
-            watch.stop()
-        if self._session is not None and self._pg is not None:
-            announce_leaving(self._session, self.world_rank, self._leaving_reason())
         self._interrupt()
         self._stop_protocol()
         pg, self._pg = self._pg, None
@@ -116,12 +101,6 @@ class P2pGlooAFDConnector(P2pProtocolConnector):
             with contextlib.suppress(RuntimeError):  # pairs already closed: nothing to do
                 pg.shutdown()
         self._session = None
-
-    def _leaving_reason(self) -> str:
-        """What the peers read when this rank leaves: its failure, if it had one."""
-        if self._failure is None:
-            return f"{self.name} closed"
-        return f"{self.name} closed after an error: {str(self._failure)[:300]}"
 
     def _wake_waiters(self) -> None:
         super()._wake_waiters()

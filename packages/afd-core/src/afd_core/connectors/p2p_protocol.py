@@ -20,7 +20,6 @@ and ``_write_bytes``. Importing this module imports no torch.
 from __future__ import annotations
 
 import ctypes
-import logging
 from abc import abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -49,8 +48,6 @@ if TYPE_CHECKING:
     import torch
 
     from afd_core.config import AFDConfig
-
-logger = logging.getLogger(f"vllm.{__name__}")
 
 #: What a wait is for: a description, or ``(layer, step_id)`` of a data message.
 Purpose = str | tuple[int, int]
@@ -112,8 +109,6 @@ class P2pProtocolConnector(AttentionSideMixin, FFNSideMixin, GraphStepsMixin, Co
         # a graph step has (its sends, None, None, layer, step) (see p2p_graph).
         self._inflight: dict[int, tuple[Any, Any, Slot | None, int, int]] = {}
         self._failure: AFDError | None = None
-        # (world rank, how it was learnt) of the first peer found gone (see _peer_gone).
-        self._gone: tuple[int, str] | None = None
         # Attention side: the FFN rank, what this rank announced, exchanges done and
         # expected, and whether the announced step is a CUDA graph step.
         self._announced: tuple[int, tuple[int, ...]] | None = None
@@ -195,33 +190,11 @@ class P2pProtocolConnector(AttentionSideMixin, FFNSideMixin, GraphStepsMixin, Co
     def _wake_waiters(self) -> None:
         self._inbox.wake()
 
-    def _peer_gone(self, peer: int, how: str) -> None:
-        """World rank ``peer`` left (``how`` says how this was learnt): fail now.
-
-        Called by the transport's peer watch (see :mod:`afd_core.peer_watch`), from its
-        thread. Later calls raise the error; :meth:`_wake_waiters` ends the waits in
-        progress, which then name ``peer`` whatever they waited for.
-        """
-        if self.is_closed:
-            return
-        self._gone = (peer, how)
-        error = self._peer_failure(peer, "the next exchange", how, False)
-        logger.error("%s", error)
-        self._fail(error)
-        self._wake_waiters()
-
     def _peer_failure(self, peer: int, what: Purpose, detail: str, timed_out: bool) -> AFDError:
-        """The error for a failed wait on world rank ``peer`` (see :meth:`_wait`).
-
-        Once a peer is known to be gone (:meth:`_peer_gone`), the error names that peer
-        and how its leaving was learnt, whatever the transport reported.
-        """
+        """The error for a failed wait on world rank ``peer`` (see :meth:`_wait`)."""
         doing = describe_purpose(what)
         if self.is_closed:
             return AFDShutdown(f"AFD: {self.name} was closed while waiting for {doing}")
-        if self._gone is not None:
-            peer, detail = self._gone
-            timed_out = False
         role, rank = self.topology.role_of_world_rank(peer)
         who = describe_rank(self.topology, role, rank)
         if timed_out:
