@@ -1,11 +1,16 @@
 """The child process of ``test_models_offline.py``: in-process vLLM engines, one report.
 
-``python models_offline_child.py MODEL_DIR WORK_DIR REPORT_JSON [--compiled]`` generates
-greedily with the stock class, with the registered wrapper and AFD off, and with the
-attention role whose exchanges a loopback exchanger serves from an FFN role model built
-in the same process (gate on FFN, gate on attention), then writes a JSON report: tokens,
-logprobs, parameters, loaded parameters, exchange calls and wire specs. ``--compiled``:
-only the attention role with the gate on attention, compiled by vLLM.
+``python models_offline_child.py MODEL_DIR WORK_DIR REPORT_JSON [--compiled]
+[--attention-backend NAME]`` generates greedily with the stock class, with the registered
+wrapper and AFD off, and with the attention role whose exchanges a loopback exchanger
+serves from an FFN role model built in the same process (gate on FFN, gate on attention),
+then writes a JSON report: tokens, logprobs, parameters, exchange calls, wire specs, and
+for the stock model and each role the loading record of :func:`_build` (checkpoint
+tensors the model was fed, parameter names its loader reports, and its parameters before
+and after vLLM's post-load processing). ``--compiled``: only the attention role with the
+gate on attention, compiled by vLLM. ``--attention-backend``: vLLM's attention backend
+for every engine and model of the run (e.g. ``CPU_MLA``, the MLA path of CPUs without
+AMX, which registers parameters derived from ``kv_b_proj`` after loading).
 
 Run it with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (engines in this process) and
 ``VLLM_PLUGINS=""``: the afd plugin would give the attention config the AFD attention
@@ -46,8 +51,13 @@ class LoopbackExchanger:
             return self.ffn_model.afd_compute_ffn(layer, hidden, router_logits)
 
 
+#: ``--attention-backend`` of this run (None: vLLM chooses by the CPU's instruction set).
+_ATTENTION_BACKEND: str | None = None
+
+
 def _engine_kwargs(model: Path, *, compiled: bool) -> dict[str, Any]:
-    return {
+    backend = {} if _ATTENTION_BACKEND is None else {"attention_backend": _ATTENTION_BACKEND}
+    return backend | {
         "model": str(model),
         "tokenizer": str(model),
         "dtype": "bfloat16",
@@ -104,9 +114,16 @@ def _config(model: Path, additional_config: dict[str, Any]) -> Any:
     return EngineArgs(**kwargs, additional_config=additional_config).create_engine_config()
 
 
-def _build(model: Path, additional_config: dict[str, Any]) -> tuple[Any, Any, set[str]]:
-    """A model built and loaded the way vLLM's default loader does, plus the names its
-    ``load_weights`` reports; returns (model, vllm_config, loaded names)."""
+def _build(model: Path, additional_config: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    """A model built and loaded the way vLLM's default loader does; returns (model,
+    vllm_config, loading record).
+
+    The record holds ``checkpoint``: the checkpoint tensor names the model's stock loader
+    was fed (for a role: what its weight filter kept; recorded from the filter's output),
+    ``loaded``: the parameter names its ``load_weights`` reports, and ``before`` /
+    ``after``: its parameter names before and after ``process_weights_after_loading``
+    (where vLLM adds parameters derived from loaded ones, e.g. MLA's ``W_UK_T``).
+    """
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.model_loader import get_model_loader
@@ -116,15 +133,43 @@ def _build(model: Path, additional_config: dict[str, Any]) -> tuple[Any, Any, se
     )
     from vllm.utils.torch_utils import set_default_torch_dtype
 
+    import afd_models.role_mixins as role_mixins
+
     config = _config(model, additional_config)
     loader = get_model_loader(config.load_config)
     cpu = torch.device("cpu")
-    with set_current_vllm_config(config), set_default_torch_dtype(config.model_config.dtype):
-        with cpu:
-            built = initialize_model(vllm_config=config)
-        loaded = built.load_weights(loader.get_all_weights(config.model_config, built))
-        process_weights_after_loading(built, config.model_config, cpu)
-    return built.eval(), config, set(loaded)
+    fed: list[str] = []
+    role_weights = role_mixins.role_weights
+
+    def recording_role_weights(weights: Any, role: str, *, gate_on_attention: bool) -> Any:
+        for name, tensor in role_weights(weights, role, gate_on_attention=gate_on_attention):
+            fed.append(name)
+            yield name, tensor
+
+    def checkpoint(weights: Any) -> Any:
+        for name, tensor in weights:
+            if "afd" not in additional_config:  # the stock model is fed everything
+                fed.append(name)
+            yield name, tensor
+
+    role_mixins.role_weights = recording_role_weights
+    try:
+        with set_current_vllm_config(config), set_default_torch_dtype(config.model_config.dtype):
+            with cpu:
+                built = initialize_model(vllm_config=config)
+            weights = checkpoint(loader.get_all_weights(config.model_config, built))
+            loaded = built.load_weights(weights)
+            before = sorted(n for n, _ in built.named_parameters())
+            process_weights_after_loading(built, config.model_config, cpu)
+    finally:
+        role_mixins.role_weights = role_weights
+    record = {
+        "checkpoint": fed,
+        "loaded": sorted(loaded),
+        "before": before,
+        "after": sorted(n for n, _ in built.named_parameters()),
+    }
+    return built.eval(), config, record
 
 
 def run_child(model_dir: Path, work_dir: Path, compiled: bool) -> dict[str, Any]:
@@ -153,6 +198,7 @@ def run_child(model_dir: Path, work_dir: Path, compiled: bool) -> dict[str, Any]
     report: dict[str, Any] = {}
     if not compiled:
         report["stock"] = _generate(model_dir, {}, compiled)
+        report["stock"]["loading"] = _build(model_dir, {})[2]
     # vLLM caches the resolved class per model path: the wrapper runs use another path.
     wrapped = work_dir / "wrapped"
     wrapped.symlink_to(model_dir.resolve(), target_is_directory=True)
@@ -171,8 +217,8 @@ def _loopback_run(model: Path, gate_on_attention: bool, compiled: bool) -> dict[
 
     from afd_models.exchange_op import set_exchanger
 
-    ffn, ffn_config, ffn_loaded = _build(model, _afd("ffn", gate_on_attention))
-    attention, _, attention_loaded = _build(model, _afd("attention", gate_on_attention))
+    ffn, ffn_config, ffn_loading = _build(model, _afd("ffn", gate_on_attention))
+    attention, _, attention_loading = _build(model, _afd("attention", gate_on_attention))
     exchanger = LoopbackExchanger(ffn, ffn_config)
     set_exchanger(exchanger)
     try:
@@ -181,18 +227,33 @@ def _loopback_run(model: Path, gate_on_attention: bool, compiled: bool) -> dict[
         set_exchanger(None)
     run.update(
         exchange_calls=exchanger.calls,
-        attention_loaded=sorted(attention_loaded),
+        attention_loading=attention_loading,
         attention_wire=asdict(attention.afd_wire_spec()),
         attention_layers=list(attention.afd_exchange_layers()),
         ffn_class=type(ffn).__name__,
         ffn_params={n: list(p.shape) for n, p in ffn.named_parameters()},
-        ffn_loaded=sorted(ffn_loaded),
+        ffn_loading=ffn_loading,
         ffn_wire=asdict(ffn.afd_wire_spec()),
         ffn_layers=list(ffn.afd_exchange_layers()),
     )
     return run
 
 
+def main(argv: list[str]) -> None:
+    """Parse the command line (see the module docstring) and write the report."""
+    import argparse
+
+    global _ATTENTION_BACKEND
+    parser = argparse.ArgumentParser()
+    parser.add_argument("model_dir", type=Path)
+    parser.add_argument("work_dir", type=Path)
+    parser.add_argument("report", type=Path)
+    parser.add_argument("--compiled", action="store_true")
+    parser.add_argument("--attention-backend", default=None)
+    args = parser.parse_args(argv)
+    _ATTENTION_BACKEND = args.attention_backend
+    args.report.write_text(json.dumps(run_child(args.model_dir, args.work_dir, args.compiled)))
+
+
 if __name__ == "__main__":
-    model_dir, work_dir, out = (Path(arg) for arg in sys.argv[1:4])
-    out.write_text(json.dumps(run_child(model_dir, work_dir, "--compiled" in sys.argv[4:])))
+    main(sys.argv[1:])

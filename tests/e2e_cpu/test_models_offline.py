@@ -8,12 +8,18 @@ parameters each role builds and loads. The tests compare everything to the stock
 tokens and logprobs must be identical, and the two roles' parameters must split the stock
 parameters exactly. A compiled child runs the attention role compiled by vLLM, to show
 that the exchange op survives torch.compile.
+
+vLLM's CPU MLA path depends on the processor: with AMX it takes ``AMX_MLA``, without it
+the generic ``CPU_MLA`` backend, whose post-load processing adds parameters derived from
+``kv_b_proj`` (``W_UK_T``, ``W_UV``). On an AMX host the DeepSeek cases therefore also run
+with ``--attention-backend CPU_MLA``, so a run on either kind of machine covers both paths.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -31,6 +37,19 @@ from tests.e2e_cpu.models_offline_child import GATE_PLACEMENTS, NEW_TOKENS
 MODELS = ("tiny-qwen3-moe", "tiny-deepseek-v2", "tiny-deepseek-v3-noaux")
 CHILD = Path(__file__).with_name("models_offline_child.py")
 CHILD_TIMEOUT_S = 600
+
+
+def amx_host() -> bool:
+    """Whether vLLM's CPU platform takes its AMX paths here (its own condition)."""
+    import torch
+
+    return platform.machine() in ("x86_64", "AMD64") and torch.cpu._is_amx_tile_supported()
+
+
+#: (model, attention backend) of every eager child; None lets vLLM choose.
+CASES = [(model, None) for model in MODELS] + (
+    [(model, "CPU_MLA") for model in MODELS if "deepseek" in model] if amx_host() else []
+)
 
 pytestmark = pytest.mark.slow
 
@@ -87,23 +106,25 @@ def caches(vllm_cache_root: Path, tmp_path_factory: pytest.TempPathFactory) -> d
 def child(
     model_dirs: dict[str, Path], caches: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Callable[..., dict[str, Any]]:
-    """``child(model, compiled=False)``: that child's report (each child runs once)."""
-    reports: dict[tuple[str, bool], dict[str, Any]] = {}
+    """``child(model, compiled=False, backend=None)``: that child's report (each runs once)."""
+    reports: dict[tuple[str, bool, str | None], dict[str, Any]] = {}
 
-    def run(model: str, compiled: bool = False) -> dict[str, Any]:
-        if (model, compiled) not in reports:
-            reports[model, compiled] = _spawn_child(
-                model_dirs[model], caches, tmp_path_factory, compiled=compiled
+    def run(model: str, compiled: bool = False, backend: str | None = None) -> dict[str, Any]:
+        key = (model, compiled, backend)
+        if key not in reports:
+            reports[key] = _spawn_child(
+                model_dirs[model], caches, tmp_path_factory, compiled=compiled, backend=backend
             )
-        return reports[model, compiled]
+        return reports[key]
 
     return run
 
 
-@pytest.fixture(params=MODELS)
+@pytest.fixture(params=CASES, ids=lambda case: "-".join(filter(None, case)))
 def report(request: pytest.FixtureRequest, child: Callable[..., dict[str, Any]]) -> dict[str, Any]:
-    """The eager child's report for each tiny model."""
-    return child(request.param)
+    """The eager child's report for each case (model and attention backend)."""
+    model, backend = request.param
+    return child(model, backend=backend)
 
 
 def _spawn_child(
@@ -112,6 +133,7 @@ def _spawn_child(
     tmp_path_factory: pytest.TempPathFactory,
     *,
     compiled: bool,
+    backend: str | None,
 ) -> dict[str, Any]:
     work = tmp_path_factory.mktemp(model_dir.name)
     out = work / "report.json"
@@ -132,6 +154,8 @@ def _spawn_child(
     command = [sys.executable, str(CHILD), str(model_dir), str(work), str(out)]
     if compiled:
         command.append("--compiled")
+    if backend is not None:
+        command += ["--attention-backend", backend]
     done = subprocess.run(
         command, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False
     )
@@ -184,21 +208,120 @@ def test_loopback_attention_role_reproduces_stock_outputs_bit_for_bit(
     assert run["logprobs"] == stock["logprobs"]
 
 
+def role_split_problems(
+    stock: dict[str, Any], attention: dict[str, Any], ffn: dict[str, Any]
+) -> list[str]:
+    """What is wrong with how two roles split a checkpoint and its parameters (empty: none).
+
+    Each argument is a loading record of ``models_offline_child._build`` (``checkpoint``:
+    tensors fed to the model's loader, ``loaded``: parameters the loader reports,
+    ``before``/``after``: parameters before/after vLLM's post-load processing). The rules:
+
+    * every checkpoint tensor reaches exactly one role's loader;
+    * every parameter a role holds before post-processing was loaded from the checkpoint,
+      and every one its loader reports exists;
+    * the parameters vLLM's post-processing adds (or removes) are exactly those it adds
+      (or removes) in the stock model, split between the roles: derived parameters (MLA's
+      ``W_UK_T``/``W_UV`` on CPUs without AMX) come from what vLLM does, not from a list.
+    """
+    problems = []
+    roles = {"attention": attention, "ffn": ffn}
+    fed = {role: record["checkpoint"] for role, record in roles.items()}
+    for role, names in fed.items():
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            problems.append(f"the {role} role was fed {twice} more than once")
+    both = sorted(set(fed["attention"]) & set(fed["ffn"]))
+    if both:
+        problems.append(f"both roles load the checkpoint tensors {both}")
+    unloaded = sorted(set(stock["checkpoint"]) - set(fed["attention"]) - set(fed["ffn"]))
+    if unloaded:
+        problems.append(f"no role loads the checkpoint tensors {unloaded}")
+    strangers = sorted((set(fed["attention"]) | set(fed["ffn"])) - set(stock["checkpoint"]))
+    if strangers:
+        problems.append(f"the roles load tensors the checkpoint does not have: {strangers}")
+    for role, record in roles.items():
+        not_loaded = sorted(set(record["before"]) - set(record["loaded"]))
+        if not_loaded:
+            problems.append(f"the {role} role holds parameters it did not load: {not_loaded}")
+        phantom = sorted(set(record["loaded"]) - set(record["before"]))
+        if phantom:
+            problems.append(f"the {role} role reports loading parameters it lacks: {phantom}")
+    for change in ("added", "removed"):
+        expected = _post_processing_change(stock, change)
+        attention_side = _post_processing_change(attention, change)
+        ffn_side = _post_processing_change(ffn, change)
+        if attention_side & ffn_side:
+            problems.append(f"post-processing {change} {sorted(attention_side & ffn_side)} twice")
+        if attention_side | ffn_side != expected:
+            problems.append(
+                f"post-processing {change} {sorted(attention_side | ffn_side)} on the roles, "
+                f"{sorted(expected)} on the stock model"
+            )
+    return problems
+
+
+def _post_processing_change(record: dict[str, Any], change: str) -> set[str]:
+    """Parameters vLLM's post-load processing ``"added"`` to or ``"removed"`` from a model."""
+    before, after = set(record["before"]), set(record["after"])
+    return after - before if change == "added" else before - after
+
+
 @pytest.mark.parametrize("placement", GATE_PLACEMENTS)
-def test_roles_split_the_stock_parameters_and_load_all_of_them(
+def test_roles_split_the_checkpoint_and_the_stock_parameters(
     report: dict[str, Any], placement: str
 ) -> None:
-    run, stock = report[placement], report["stock"]["params"]
+    run, stock = report[placement], report["stock"]
     attention, ffn = run["params"], run["ffn_params"]
     assert not set(attention) & set(ffn)
-    assert attention | ffn == stock
-    assert sorted(attention) == run["attention_loaded"]
-    assert sorted(ffn) == run["ffn_loaded"]
+    assert attention | ffn == stock["params"]
+    assert role_split_problems(stock["loading"], run["attention_loading"], run["ffn_loading"]) == []
     assert all(".mlp." in name for name in ffn)
-    assert {name for name in stock if name.endswith(".e_score_correction_bias")} <= set(ffn)
-    gates = sorted(name for name in stock if name.endswith(".mlp.gate.weight"))
+    assert {n for n in stock["params"] if n.endswith(".e_score_correction_bias")} <= set(ffn)
+    gates = sorted(name for name in stock["params"] if name.endswith(".mlp.gate.weight"))
     mlp_on_attention = sorted(name for name in attention if ".mlp." in name)
     assert mlp_on_attention == (gates if placement == "gate_on_attention" else [])
+
+
+#: The DeepSeek cases that take vLLM's generic MLA path (explicitly on AMX hosts).
+GENERIC_MLA_CASES = [
+    (model, "CPU_MLA" if amx_host() else None) for model in MODELS if "deepseek" in model
+]
+
+
+@pytest.mark.parametrize("case", GENERIC_MLA_CASES, ids=lambda case: case[0])
+def test_the_generic_mla_path_derives_parameters_after_loading(
+    child: Callable[..., dict[str, Any]], case: tuple[str, str | None]
+) -> None:
+    """The case the split check must handle: vLLM adds W_UK_T/W_UV after loading."""
+    model, backend = case
+    added = _post_processing_change(child(model, backend=backend)["stock"]["loading"], "added")
+    assert added
+    assert {name.rsplit(".", 1)[1] for name in added} == {"W_UK_T", "W_UV"}
+
+
+def test_the_split_check_fails_when_a_tensor_is_loaded_twice_or_not_at_all(
+    report: dict[str, Any],
+) -> None:
+    """The check above on this model's real loading records, broken on purpose."""
+    stock = report["stock"]["loading"]
+    run = report["gate_on_ffn"]
+    attention, ffn = run["attention_loading"], run["ffn_loading"]
+    assert role_split_problems(stock, attention, ffn) == []
+    stolen = attention["checkpoint"][0]
+    shared = dict(ffn, checkpoint=[*ffn["checkpoint"], stolen])
+    assert role_split_problems(stock, attention, shared) == [
+        f"both roles load the checkpoint tensors {[stolen]}"
+    ]
+    dropped = dict(ffn, checkpoint=ffn["checkpoint"][1:])
+    assert role_split_problems(stock, attention, dropped) == [
+        f"no role loads the checkpoint tensors {[ffn['checkpoint'][0]]}"
+    ]
+    bogus = "model.layers.0.mlp.bogus"
+    extra_param = dict(ffn, before=[*ffn["before"], bogus], after=[*ffn["after"], bogus])
+    assert role_split_problems(stock, attention, extra_param) == [
+        f"the ffn role holds parameters it did not load: {[bogus]}"
+    ]
 
 
 @pytest.mark.parametrize("placement", GATE_PLACEMENTS)
