@@ -4,15 +4,15 @@ Two processes (FFN rank 0, attention rank 0) on this host. For every token count
 hidden size (bf16) the same run alternates, layer by layer (so both see the same load
 from anything else on the host):
 
-* **connector**: attention ``send_hidden`` + ``recv_output``; FFN ``recv_hidden`` +
-  ``send_output`` of the unchanged hidden states (identity compute), in steps of
-  ``BLOCK`` layers, each step announced by one control payload (``send_step``);
+* **connector**: the attention endpoint's ``send`` + ``recv``; the FFN endpoint's
+  ``recv`` + ``send`` of the unchanged hidden states (identity compute), in steps of
+  ``BLOCK`` layers, each step announced by one control payload (``begin_step``);
 * **raw**: a ``ProcessGroupGloo`` ping-pong of the same hidden-state bytes each way
   (receive posted before the send, like the connector), on a second group between the
   same two processes.
 
 It prints the median and the 10th percentile round trip of each (µs), their ratios, and
-the median time the attention rank spends sending one step's control payload.
+the median time the attention rank spends beginning one step (its control payload).
 :func:`measure` and :func:`format_table` are also used by ``benchmarks/afd_decode.py``.
 Usage::
 
@@ -121,12 +121,12 @@ def _ffn(
         for tokens in tokens_list:
             buf = torch.empty(tokens * hidden, dtype=torch.bfloat16)
             for _ in range(rounds + 1):  # the first round warms up
-                step = conn.control_plane.recv_step()
+                step = conn.ffn.next_step()
                 for layer in range(BLOCK):
                     raw.recv([buf], 1, TAG_PING).wait()
                     raw.send([buf], 1, TAG_PONG).wait()
-                    batch = conn.recv_hidden(step, layer, 0)
-                    conn.send_output(batch, batch.hidden)
+                    batch = conn.ffn.recv(step, layer, 0)
+                    conn.ffn.send(batch, batch.hidden)
         conn.close()
         conn_port += 1
 
@@ -141,7 +141,6 @@ def _attention(
 ) -> None:
     import torch
 
-    from afd_core.connectors.p2p_wire import a2f_header
     from afd_core.metadata import AFDDPMetadata, ControlPayload
 
     torch.set_num_threads(1)
@@ -152,13 +151,12 @@ def _attention(
         step_id = 0
         for tokens in tokens_list:
             x = torch.randn(tokens, hidden).to(torch.bfloat16)
-            y = torch.empty_like(x)
             ping, pong = x.view(-1), torch.empty(tokens * hidden, dtype=torch.bfloat16)
             raw_us, conn_us, control_us = [], [], []
             for r in range(rounds + 1):
                 payload = ControlPayload(step_id, 0, (AFDDPMetadata(0, (tokens,)),))
                 t0 = time.perf_counter()
-                conn.control_plane.send_step(payload)
+                conn.attention.begin_step(payload)
                 if r:
                     control_us.append((time.perf_counter() - t0) * 1e6)
                 for layer in range(BLOCK):  # alternate, so both see the same load
@@ -167,9 +165,8 @@ def _attention(
                     raw.send([ping], 0, TAG_PING).wait()
                     work.wait()
                     t1 = time.perf_counter()
-                    header = a2f_header(step_id, layer, 0, tokens, 0, conn.wire)
-                    conn.send_hidden(header, x)
-                    conn.recv_output(header, y)
+                    conn.attention.send(layer, 0, x)
+                    y = conn.attention.recv(layer, 0)
                     t2 = time.perf_counter()
                     if r:
                         raw_us.append((t1 - t0) * 1e6)
@@ -236,7 +233,7 @@ def format_table(rows: Sequence[RoundTrip], rounds: int) -> str:
     """The round-trip table of ``rows`` (from :func:`measure` with ``rounds``) as text."""
     lines = [
         f"per-layer round trip in µs over {rounds * BLOCK} layers (bf16; the connector "
-        "adds a 64-byte header each way; p10 is less sensitive to other load on the host; "
+        "adds a 64-byte header message each way; p10 is less sensitive to other load on the host; "
         "ctrl: one step's control payload send, median and fastest)",
         f"{'tokens':>6} {'hidden':>6} {'bytes/dir':>10} | {'raw med':>8} {'conn med':>8} "
         f"{'ratio':>5} | {'raw p10':>8} {'conn p10':>8} {'ratio':>5} | "

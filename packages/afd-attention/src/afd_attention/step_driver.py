@@ -3,10 +3,10 @@
 The model's exchange op (``torch.ops.afd.exchange``) calls :meth:`StepDriver.exchange` at
 every exchanging decoder layer of every forward. A *step* is one forward: the driver
 numbers steps, installs :class:`~afd_core.metadata.AFDStepMetadata` at
-``forward_context.additional_kwargs["afd_metadata"]``, sends the step's
-:class:`~afd_core.metadata.ControlPayload` to the FFN rank, then per layer sends the
-hidden states (with a :class:`~afd_core.metadata.TransferHeader`) and receives the FFN
-output.
+``forward_context.additional_kwargs["afd_metadata"]``, begins the step on the connector's
+attention endpoint with its :class:`~afd_core.metadata.ControlPayload`, then per layer
+sends the hidden states (and router logits or routing) and receives the FFN output. The
+endpoint owns the wire format: the driver never builds a header.
 
 A step begins either explicitly (:meth:`StepDriver.begin_step`, called by the runner with
 the scheduled token count before the model runs) or lazily at the first exchange of a
@@ -23,21 +23,20 @@ announces it with :meth:`StepDriver.replay_step` around the replay; it exchanges
 layer on the host. Both are graph steps (``is_graph_step``): header-less data messages.
 
 Platform independent and free of vLLM and torch imports at module level: the forward
-context and the output allocation are injected (their defaults import lazily), so the
-state machine is tested with a fake connector and fake tensors.
+context is injected (its default imports lazily), so the state machine is tested with a
+fake connector and fake tensors.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from afd_core.connector import Connector, WireSpec
+from afd_core.connector import Connector, ExpertRouting, WireSpec
 from afd_core.errors import AFDProtocolError
-from afd_core.metadata import AFDDPMetadata, AFDStepMetadata, ControlPayload, TransferHeader
-from afd_models.roles import dtype_name
+from afd_core.metadata import AFDDPMetadata, AFDStepMetadata, ControlPayload
 
 #: Key of the step metadata in ``ForwardContext.additional_kwargs``.
 METADATA_KEY = "afd_metadata"
@@ -88,18 +87,6 @@ def stream_is_capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def new_contiguous_like(hidden: Any) -> Any:
-    """A fresh, contiguous, uninitialised tensor with ``hidden``'s shape, dtype and device.
-
-    Fresh per layer on purpose: the result becomes the layer's MLP output, which the next
-    layer's fused residual norm may update in place, so it must not alias a buffer that a
-    later exchange writes into.
-    """
-    import torch
-
-    return torch.empty(hidden.shape, dtype=hidden.dtype, device=hidden.device)
-
-
 @dataclass
 class _ActiveStep:
     metadata: AFDStepMetadata
@@ -110,12 +97,10 @@ class StepDriver:
     """Numbers the steps of one attention rank and runs their per-layer exchanges.
 
     ``connector`` must be initialised before the first step. ``exchange_layers`` is the
-    ordered sequence of layer ids the model exchanges per forward (default
-    ``0..wire.num_exchange_layers-1``). ``step_slot`` returns the current forward's
-    ``additional_kwargs`` dict, ``new_output`` allocates the receive buffer for a
-    hidden-states tensor and ``is_capturing`` tells whether the current stream is being
-    captured (defaults: :func:`forward_context_kwargs`, :func:`new_contiguous_like`,
-    :func:`stream_is_capturing`).
+    ordered sequence of layer ids the model exchanges per forward (default: the wire
+    spec's ``exchange_layers``). ``step_slot`` returns the current forward's
+    ``additional_kwargs`` dict and ``is_capturing`` tells whether the current stream is
+    being captured (defaults: :func:`forward_context_kwargs`, :func:`stream_is_capturing`).
 
     Not thread-safe: vLLM runs the forwards of a worker on one thread.
     """
@@ -128,11 +113,9 @@ class StepDriver:
         *,
         exchange_layers: Sequence[int] | None = None,
         step_slot: Callable[[], dict[str, Any]] = forward_context_kwargs,
-        new_output: Callable[[Any], Any] = new_contiguous_like,
         is_capturing: Callable[[], bool] = stream_is_capturing,
     ) -> None:
-        default_layers = range(wire.num_exchange_layers)
-        layers = tuple(default_layers if exchange_layers is None else exchange_layers)
+        layers = tuple(wire.exchange_layers if exchange_layers is None else exchange_layers)
         if len(layers) != wire.num_exchange_layers:
             raise ValueError(
                 f"StepDriver: {len(layers)} exchange layers {layers} but the wire spec "
@@ -141,10 +124,8 @@ class StepDriver:
         self._connector = connector
         self._wire = wire
         self._role_rank = role_rank
-        self._ffn_rank = connector.topology.ffn_rank_of(role_rank)
         self._layers = layers
         self._step_slot = step_slot
-        self._new_output = new_output
         self._is_capturing = is_capturing
         self._next_step_id = 0
         self._active: _ActiveStep | None = None
@@ -177,26 +158,26 @@ class StepDriver:
         return metadata
 
     def graph_capture(self) -> AbstractContextManager[None]:
-        """The connector's context for CUDA graph captures (``Connector.graph_capture``)."""
-        return self._connector.graph_capture()
+        """The connector's context for CUDA graph captures (``AttentionEndpoint.graph_capture``)."""
+        return self._connector.attention.graph_capture()
 
     def replay_step(self, num_tokens: int, replay: Callable[[], T]) -> T:
         """Announce a CUDA graph replay of ``num_tokens`` tokens, run ``replay()``, watch it.
 
         ``replay`` queues the replay of a graph whose capture step exchanged every layer;
         its result is returned. The connector then bounds the replay
-        (``Connector.watch_graph_replay``). Needs no forward context.
+        (``AttentionEndpoint.watch_graph_replay``). Needs no forward context.
         """
         metadata = self._announce(num_tokens, SCHEDULED, capturing=False, replay=True)
         self.completed_steps += 1
         result = replay()
-        self._connector.watch_graph_replay(metadata.step_id)
+        self._connector.attention.watch_graph_replay(metadata.step_id)
         return result
 
     def _announce(
         self, num_tokens: int, flags: StepFlags, *, capturing: bool, replay: bool
     ) -> AFDStepMetadata:
-        """Number the next step and send its control payload (see :meth:`begin_step`)."""
+        """Number the next step and begin it on the endpoint (see :meth:`begin_step`)."""
         if self._active is not None:
             active = self._active
             raise AFDProtocolError(
@@ -217,16 +198,22 @@ class StepDriver:
             is_graph_step=capturing or replay,
         )
         self._next_step_id += 1
-        self._connector.control_plane.send_step(payload)
+        self._connector.attention.begin_step(payload)
         return metadata
 
-    def exchange(self, hidden: Any, router_logits: Any | None, layer: int) -> Any:
-        """Send ``hidden`` (and ``router_logits``) of ``layer`` to FFN; return FFN's output.
+    def exchange(
+        self,
+        hidden: Any,
+        router_logits: Any | None,
+        layer: int,
+        routing: ExpertRouting | None = None,
+    ) -> Any:
+        """Send ``hidden`` (and ``router_logits`` or ``routing``) of ``layer``; return FFN's output.
 
         Begins the step lazily when the forward has no step metadata yet. Returns a fresh
         tensor shaped like ``hidden`` that the caller owns. Raises AFDProtocolError for a
-        layer out of order, a token count that differs from the step's, or a tensor that
-        does not match the wire spec; connector errors propagate.
+        layer out of order or a token count that differs from the step's; the endpoint
+        checks shapes against the wire spec; connector errors propagate.
         """
         metadata = self._step_slot().get(METADATA_KEY)
         if metadata is None:
@@ -241,12 +228,18 @@ class StepDriver:
                 f"{len(self._layers)}) was expected; the model's exchange layers must be "
                 f"{self._layers} in this order"
             )
-        header = self._header(metadata, layer, hidden)
+        stage = metadata.stage_index
+        if hidden.shape[0] != metadata.padded_lens[stage]:
+            raise AFDProtocolError(
+                f"AFD attention rank {self._role_rank}: layer {layer} of step "
+                f"{metadata.step_id} has {hidden.shape[0]} tokens where the step announced "
+                f"{metadata.padded_lens[stage]}; the model and the runner disagree about the "
+                "forward"
+            )
         logits = router_logits if self._wire.logits_width_at(layer) else None
-        self._connector.send_hidden(header, hidden.contiguous(), logits)
-        out = self._new_output(hidden)
-        reply = replace(header, direction="f2a", sender_rank=self._ffn_rank, logits_width=0)
-        out = self._connector.recv_output(reply, out)
+        endpoint = self._connector.attention
+        endpoint.send(layer, stage, hidden.contiguous(), router_logits=logits, routing=routing)
+        out = endpoint.recv(layer, stage)
         active.next_index += 1
         if active.next_index == len(self._layers):
             self._active = None
@@ -264,33 +257,3 @@ class StepDriver:
                 "metadata of another forward"
             )
         return active
-
-    def _header(self, metadata: AFDStepMetadata, layer: int, hidden: Any) -> TransferHeader:
-        stage = metadata.stage_index
-        num_tokens, hidden_size = hidden.shape[0], hidden.shape[-1]
-        expected_tokens = metadata.padded_lens[stage]
-        problems = []
-        if num_tokens != expected_tokens:
-            problems.append(f"{num_tokens} tokens where the step announced {expected_tokens}")
-        if hidden_size != self._wire.hidden_size:
-            problems.append(f"hidden size {hidden_size}, wire spec {self._wire.hidden_size}")
-        if dtype_name(hidden.dtype) != self._wire.dtype:
-            problems.append(f"dtype {dtype_name(hidden.dtype)}, wire spec {self._wire.dtype}")
-        if problems:
-            raise AFDProtocolError(
-                f"AFD attention rank {self._role_rank}: layer {layer} of step "
-                f"{metadata.step_id} has {'; '.join(problems)}; the model and the runner "
-                "disagree about the forward"
-            )
-        return TransferHeader(
-            direction="a2f",
-            step_id=metadata.step_id,
-            layer=layer,
-            stage=stage,
-            num_tokens=num_tokens,
-            dtype=self._wire.dtype,
-            hidden_size=hidden_size,
-            sender_rank=self._role_rank,
-            logits_width=self._wire.logits_width_at(layer),
-            logits_dtype=self._wire.router_logits_dtype,
-        )

@@ -1,37 +1,43 @@
 """The connector contract: how the attention role and the FFN role exchange data.
 
-A connector is one rank's endpoint. Its life cycle:
+A connector is one rank's endpoint of an AFD world, composed of parts chosen once, at
+construction (docs/design.md): a *control channel* (per-step announcements, absent for
+connectors whose data messages carry their own counts), a *data transport*
+(:mod:`afd_core.transport`) and a *role endpoint*: an :class:`AttentionEndpoint` on the
+attention role, an :class:`FFNEndpoint` on the FFN role. The endpoint owns the wire
+protocol, headers included: callers give layers, stages and tensors, never a header.
+
+Life cycle:
 
 1. ``__init__`` stores the configuration and parses ``connector_extra_config`` strictly;
    it creates **no** communication resources (so it can be built anywhere, for example
    by ``afd check``).
-2. :meth:`Connector.initialize` performs the rendezvous with the peers, checks that both
-   sides agree on configuration and model shape, and creates the process groups. It is
-   idempotent and bounded by ``afd_process_group_timeout_s``.
-3. Data-plane calls, per decoder layer and stage (see below).
+2. :meth:`Connector.initialize` calls the subclass's :meth:`Connector.connect`: the
+   rendezvous with the peers (checking that both sides agree on configuration and model
+   shape) and the construction of the parts. Idempotent, bounded by
+   ``afd_process_group_timeout_s``.
+3. Data-plane calls through :attr:`Connector.attention` or :attr:`Connector.ffn`, per
+   decoder layer and stage (see the endpoint classes).
 4. :meth:`Connector.close` releases everything; it is idempotent, safe before
    :meth:`initialize` and after a half-finished one, and wakes up any thread blocked in a
    connector call (that call raises :class:`~afd_core.errors.AFDShutdown`).
 
-Per step the attention rank sends one :class:`~afd_core.metadata.ControlPayload`
-through :attr:`Connector.control_plane`, then for every exchanging layer calls
-:meth:`Connector.send_hidden` and :meth:`Connector.recv_output`. The FFN rank obtains
-the step with ``control_plane.recv_step()`` and for every layer calls
-:meth:`Connector.recv_hidden` (the tokens of its whole block, concatenated) and
-:meth:`Connector.send_output` (split back per attention rank).
+Contract version: afd-core 0.2 (the 0.1 contract's header-taking ``send_hidden`` /
+``recv_output`` and ``control_plane`` are gone; see docs/plugins.md).
 """
 
 from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from afd_core.errors import AFDConfigError
-from afd_core.metadata import ControlPayload, TransferHeader
+from afd_core.errors import AFDConfigError, AFDShutdown
+from afd_core.failures import Fuse
+from afd_core.metadata import ControlPayload
 
 if TYPE_CHECKING:
     import torch
@@ -48,6 +54,10 @@ class WireSpec:
     ``dense_layers``: layers with a dense MLP (no router), whose messages never carry
     router logits (DeepSeek's first ``first_k_dense_replace`` layers).
     ``model_fingerprint`` identifies the checkpoint (architecture and sizes).
+    ``num_experts`` and ``top_k``: routed experts and experts per token (0 for a dense
+    model); expert-routed connectors need them. ``exchange_layer_ids``: the decoder
+    layers that exchange, in call order, when they are not simply
+    ``0..num_exchange_layers-1`` (expert-routed connectors exchange MoE layers only).
     """
 
     hidden_size: int
@@ -57,6 +67,22 @@ class WireSpec:
     router_logits_dtype: str = "float32"
     model_fingerprint: str = ""
     dense_layers: tuple[int, ...] = ()
+    num_experts: int = 0
+    top_k: int = 0
+    exchange_layer_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        ids = self.exchange_layer_ids
+        if ids and len(ids) != self.num_exchange_layers:
+            raise ValueError(
+                f"WireSpec: exchange_layer_ids {ids} name {len(ids)} layers, "
+                f"num_exchange_layers is {self.num_exchange_layers}"
+            )
+
+    @property
+    def exchange_layers(self) -> tuple[int, ...]:
+        """The layers that exchange per step, in call order."""
+        return self.exchange_layer_ids or tuple(range(self.num_exchange_layers))
 
     def logits_width_at(self, layer: int) -> int:
         """Router-logit columns of ``layer``'s attention-to-FFN message (0: none)."""
@@ -67,7 +93,7 @@ class WireSpec:
 class FFNStep:
     """One step as the FFN rank runs it: the attention ranks taking part and their counts.
 
-    ``payloads`` are in block order; ``tokens[i][s]`` is the token count of
+    ``payloads`` are in sender order; ``tokens[i][s]`` is the token count of
     ``attention_ranks[i]`` in stage ``s``.
     """
 
@@ -104,53 +130,184 @@ class FFNStep:
         return self.payloads[0].is_graph_step
 
     def stage_tokens(self, stage: int) -> tuple[int, ...]:
-        """Token counts of every taking part rank in ``stage``, block order."""
+        """Token counts of every taking part rank in ``stage``, sender order."""
         return tuple(t[stage] for t in self.tokens)
 
 
-@dataclass
-class FFNLayerBatch:
-    """The FFN input of one layer and stage: the block's tokens, concatenated.
+@dataclass(slots=True)
+class ExpertRouting:
+    """The routed experts of each row: ``topk_ids`` and ``topk_weights``, ``[rows, top_k]``.
 
-    ``splits[i]`` tokens belong to ``step.attention_ranks[i]``; ``headers`` are the
-    received (already checked) headers in the same order.
+    On the attention side (what the gate and router chose) the ids are global expert
+    ids, int32, and the weights float32, as vLLM's router returns them. In an
+    :class:`FFNLayerBatch` the ids are the FFN rank's *local* expert ids (0-based within
+    its block) and a slot whose expert lives elsewhere has weight 0 and the id of an
+    expert this rank owns (see :mod:`afd_core.expert.placement`).
+    """
+
+    topk_ids: torch.Tensor
+    topk_weights: torch.Tensor
+
+
+@dataclass(slots=True)
+class FFNLayerBatch:
+    """The FFN input of one layer and stage: the rows of every attention rank, concatenated.
+
+    ``splits[i]`` rows belong to ``step.attention_ranks[i]``. ``router_logits`` is given
+    when the gate runs on attention and the connector sends logits (P2P); ``routing``
+    when the connector routes rows to expert owners (expert-routed). The tensors stay
+    valid until the next ``recv`` of the same stage.
     """
 
     step: FFNStep
     layer: int
     stage: int
     hidden: torch.Tensor
-    router_logits: torch.Tensor | None
     splits: tuple[int, ...]
-    headers: tuple[TransferHeader, ...]
+    router_logits: torch.Tensor | None = None
+    routing: ExpertRouting | None = None
 
 
-class ControlPlane(ABC):
-    """The per-step control channel (attention -> FFN)."""
+class AttentionEndpoint(ABC):
+    """The attention side of a connector: announce steps, send layers, receive results.
+
+    Per step: :meth:`begin_step`, then for every exchanging layer and stage a
+    :meth:`send` and, later, the matching :meth:`recv`. Sends and receives pair up per
+    stage; the stages of a step may interleave (``send(L, 0)``, ``send(L, 1)``,
+    ``recv(L, 0)``, ``recv(L, 1)``), and a connector may collect a layer's result at the
+    next layer. Every step exchanges every layer of the wire spec in every stage:
+    anything else raises AFDProtocolError. Called from one thread.
+    """
 
     @abstractmethod
-    def send_step(self, payload: ControlPayload) -> None:
-        """Attention side: send this step's payload to the FFN rank serving this rank.
+    def begin_step(self, payload: ControlPayload) -> None:
+        """Start the step ``payload`` describes (step id, token counts per stage, flags).
 
-        Must be called before the step's first :meth:`Connector.send_hidden`.
+        Raises AFDProtocolError while the previous step is incomplete.
         """
 
     @abstractmethod
-    def recv_step(self) -> FFNStep | None:
-        """FFN side: wait for the next step of the block and return it.
+    def send(
+        self,
+        layer: int,
+        stage: int,
+        hidden: torch.Tensor,
+        *,
+        router_logits: torch.Tensor | None = None,
+        routing: ExpertRouting | None = None,
+    ) -> None:
+        """Send ``layer``'s hidden states of ``stage`` (``[tokens, hidden]``, contiguous).
 
-        Waits as long as the attention ranks are idle, but wakes up on :meth:`close` and
-        then returns ``None``. Raises AFDPeerError if an attention rank disconnects and
-        AFDProtocolError for a payload that is not a valid control message.
+        ``router_logits`` go with them exactly when the wire spec has logits at
+        ``layer`` (P2P with the gate on attention); ``routing`` is required by
+        expert-routed connectors. The tensors must stay unchanged until the matching
+        :meth:`recv` returned.
         """
+
+    @abstractmethod
+    def recv(self, layer: int, stage: int) -> torch.Tensor:
+        """The FFN result of ``layer`` and ``stage``: a new tensor shaped like the hidden
+        states sent, owned by the caller (it aliases no buffer of the connector)."""
+
+    def graph_capture(self) -> AbstractContextManager[None]:
+        """A context around the capture of CUDA graphs in this process.
+
+        Entering waits (bounded) for the replays still running; inside, the connector
+        makes no CUDA call from its own threads. The default does nothing (a connector
+        without graph steps has no replays).
+        """
+        return nullcontext()
+
+    def watch_graph_replay(self, step_id: int) -> None:
+        """Bound the CUDA graph replay of ``step_id`` just queued on the stream.
+
+        Returns at once; should the replay not finish within the AFD timeout, the
+        connector fails and ends its pending transfers, so the next call raises
+        AFDPeerError. Connectors registered with ``supports_cuda_graphs`` implement it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graph steps")
+
+
+class FFNEndpoint(ABC):
+    """The FFN side of a connector: take a step, receive each layer, send each result.
+
+    Per step from :meth:`next_step`: for every stage and layer, :meth:`recv` then
+    :meth:`send`. Called from one thread (the FFN loop); :meth:`next_step` returns None
+    once the connector is closed.
+    """
+
+    @abstractmethod
+    def next_step(self) -> FFNStep | None:
+        """Wait for the next step (as long as the attention ranks are idle).
+
+        Returns None once the connector is closed. Raises AFDPeerError when an attention
+        rank disconnects, AFDProtocolError for an announcement that breaks the rules.
+        """
+
+    @abstractmethod
+    def recv(self, step: FFNStep, layer: int, stage: int) -> FFNLayerBatch:
+        """Receive ``layer``'s input of ``stage`` from every attention rank of ``step``."""
+
+    @abstractmethod
+    def send(self, batch: FFNLayerBatch, output: torch.Tensor) -> None:
+        """Send each attention rank its rows of ``output`` (``[sum(batch.splits), hidden]``).
+
+        Returns once every part is sent (a closing FFN rank never drops a result).
+        """
+
+    # CUDA graph steps (connectors registered with supports_cuda_graphs) ----------------
+    #
+    # In a step whose payloads have ``is_graph_step`` the attention ranks' forwards are
+    # CUDA graphs. The FFN rank serves such a step with buffers it owns (so that a graph
+    # it captures keeps fixed addresses); these calls may themselves be captured.
+
+    def recv_into(
+        self,
+        step: FFNStep,
+        layer: int,
+        stage: int,
+        hidden: torch.Tensor,
+        router_logits: torch.Tensor | None,
+    ) -> None:
+        """Graph step: receive ``layer``'s input of every rank into ``hidden`` (block order).
+
+        ``router_logits`` likewise, exactly when the wire spec has logits at ``layer``.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graph steps")
+
+    def send_from(self, step: FFNStep, layer: int, stage: int, output: torch.Tensor) -> None:
+        """Graph step: send each rank its rows of ``output``."""
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graph steps")
+
+    def wait_for_stream(self, what: str) -> None:
+        """Wait (bounded by the AFD timeout) until the current stream's work is done.
+
+        Called after replaying a captured step; raises AFDPeerError (and fails the
+        connector) past the timeout, AFDShutdown when the connector is closed.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graph steps")
+
+
+@dataclass(frozen=True)
+class ConnectorParts:
+    """What :meth:`Connector.connect` built: the role endpoint and how to take it down.
+
+    ``shutdown`` runs in order on :meth:`Connector.close`: first whatever wakes blocked
+    waits (interrupting transports), then joining threads, then releasing groups and
+    the rendezvous store. Each step must be idempotent and must not raise.
+    """
+
+    endpoint: AttentionEndpoint | FFNEndpoint
+    shutdown: tuple[Callable[[], None], ...] = ()
 
 
 class Connector(ABC):
     """Base class of every AFD connector (built-in and third-party).
 
-    Subclasses set ``name`` (the value users put in ``"connector"``), implement the
-    ``_initialize``/``_close`` pair and the four data-plane methods, and may override
-    :meth:`parse_extra_config` to accept ``connector_extra_config`` fields.
+    Subclasses set ``name`` (the value users put in ``"connector"``), implement
+    :meth:`connect`, and may override :meth:`parse_extra_config` to accept
+    ``connector_extra_config`` fields. Everything else (life cycle, the closed and
+    failed state, the endpoint accessors) lives here.
     """
 
     name: ClassVar[str] = ""
@@ -162,9 +319,10 @@ class Connector(ABC):
         self.topology = config.topology
         self.world_rank = self.topology.world_rank(config.role, role_rank)
         self.extra = type(self).parse_extra_config(config.connector_extra_config)
+        #: Shared by every part: closed, or failed with an error (see afd_core.failures).
+        self.fuse = Fuse(self.name or type(self).__name__)
         self._lifecycle_lock = threading.Lock()
-        self._initialized = False
-        self._closed = threading.Event()
+        self._parts: ConnectorParts | None = None
 
     @classmethod
     def parse_extra_config(cls, raw: Mapping[str, Any]) -> Any:
@@ -179,133 +337,71 @@ class Connector(ABC):
             )
         return None
 
+    @abstractmethod
+    def connect(self) -> ConnectorParts:
+        """Rendezvous with the peers and build this rank's parts; called once.
+
+        Must be bounded by ``afd_process_group_timeout_s``, poll :attr:`is_closed` while
+        waiting (raising AFDShutdown when it turns true), and release whatever it built
+        before raising.
+        """
+
     @property
     def is_initialized(self) -> bool:
         """True once :meth:`initialize` has completed (and :meth:`close` not yet run)."""
-        return self._initialized
+        return self._parts is not None and not self.fuse.closed
 
     @property
     def is_closed(self) -> bool:
         """True once :meth:`close` was called."""
-        return self._closed.is_set()
+        return self.fuse.closed
 
     def initialize(self) -> None:
         """Rendezvous with the peers and create the communication resources (idempotent)."""
         with self._lifecycle_lock:
-            if self._initialized:
+            if self._parts is not None:
                 return
-            if self._closed.is_set():
+            if self.fuse.closed:
                 raise RuntimeError(f"{type(self).__name__} was closed; build a new connector")
-            self._initialize()
-            self._initialized = True
+            parts = self.connect()
+            if self.fuse.closed:  # closed as connect() returned: take the parts down again
+                _shut_down(parts)
+                raise AFDShutdown(f"AFD: {self.name} was closed during initialize()")
+            self._parts = parts
 
     def close(self) -> None:
         """Release every resource and wake blocked callers (idempotent, safe any time).
 
-        The closed flag is set before the lifecycle lock is taken, so a thread blocked in a
-        data-plane wait (which polls :attr:`is_closed`) returns with AFDShutdown.
+        The fuse is set before the lifecycle lock is taken, so a thread blocked in a
+        data-plane wait returns with AFDShutdown and :meth:`connect` stops waiting.
         """
-        self._closed.set()
+        self.fuse.close()
         with self._lifecycle_lock:
-            self._close()
-            self._initialized = False
-
-    @abstractmethod
-    def _initialize(self) -> None:
-        """Do the rendezvous; called at most once, under the lifecycle lock."""
-
-    @abstractmethod
-    def _close(self) -> None:
-        """Release resources; must tolerate any partial state of ``_initialize``."""
+            parts = self._parts
+            if parts is not None:
+                _shut_down(parts)
 
     @property
-    @abstractmethod
-    def control_plane(self) -> ControlPlane:
-        """The control channel of this connector."""
+    def attention(self) -> AttentionEndpoint:
+        """The attention endpoint (attention role, after :meth:`initialize`)."""
+        return self._endpoint("attention", AttentionEndpoint)  # type: ignore[return-value]
 
-    # Attention side -------------------------------------------------------------------
+    @property
+    def ffn(self) -> FFNEndpoint:
+        """The FFN endpoint (FFN role, after :meth:`initialize`)."""
+        return self._endpoint("ffn", FFNEndpoint)  # type: ignore[return-value]
 
-    @abstractmethod
-    def send_hidden(
-        self,
-        header: TransferHeader,
-        hidden: torch.Tensor,
-        router_logits: torch.Tensor | None = None,
-    ) -> None:
-        """Send one layer's hidden states (and router logits) to the serving FFN rank."""
+    def _endpoint(self, role: str, kind: type) -> AttentionEndpoint | FFNEndpoint:
+        if self.config.role != role:
+            raise RuntimeError(f"{self.name}: the {role} endpoint is for the {role} role")
+        parts = self._parts
+        if parts is None:
+            self.fuse.check()
+            raise RuntimeError(f"{self.name}: call initialize() before exchanging data")
+        assert isinstance(parts.endpoint, kind)
+        return parts.endpoint
 
-    @abstractmethod
-    def recv_output(self, header: TransferHeader, out: torch.Tensor) -> torch.Tensor:
-        """Receive the FFN result for ``header``'s layer and stage into ``out``; return it.
 
-        The received header is checked against ``header`` (direction f2a).
-        """
-
-    # FFN side -------------------------------------------------------------------------
-
-    @abstractmethod
-    def recv_hidden(self, step: FFNStep, layer: int, stage: int) -> FFNLayerBatch:
-        """Receive one layer's input from every attention rank of ``step``, concatenated."""
-
-    @abstractmethod
-    def send_output(self, batch: FFNLayerBatch, output: torch.Tensor) -> None:
-        """Split ``output`` by ``batch.splits`` and send each part back to its rank."""
-
-    # CUDA graph steps (connectors registered with supports_cuda_graphs) ----------------
-    #
-    # In a step whose control payload has ``is_graph_step`` the attention rank's forward
-    # is a CUDA graph: ``send_hidden``/``recv_output`` run once, while the graph is
-    # captured, and each replay repeats their device work with no Python. Its data
-    # messages carry no header; the step and token counts were checked on the control
-    # plane. The FFN rank serves such a step with the methods below, which take
-    # buffers the caller owns (so that a graph the FFN rank captures keeps fixed
-    # addresses) and which may themselves be captured.
-
-    def recv_hidden_into(
-        self,
-        step: FFNStep,
-        layer: int,
-        stage: int,
-        hidden: torch.Tensor,
-        router_logits: torch.Tensor | None,
-    ) -> None:
-        """FFN side, graph step: receive ``layer``'s input of every rank into ``hidden``.
-
-        ``hidden`` holds the block's rows in block order (``sum(step.stage_tokens(stage))``
-        rows); ``router_logits`` likewise, exactly when the wire spec has router logits
-        at ``layer``. Waits are bounded unless the current stream is being captured.
-        """
-        raise NotImplementedError(f"{self.name} does not support CUDA graph steps")
-
-    def send_output_from(self, step: FFNStep, layer: int, stage: int, output: torch.Tensor) -> None:
-        """FFN side, graph step: send each rank's rows of ``output`` back to it."""
-        raise NotImplementedError(f"{self.name} does not support CUDA graph steps")
-
-    def wait_for_stream(self, what: str) -> None:
-        """Wait until the current stream's queued work is done, within the AFD timeout.
-
-        FFN side: called after replaying a captured step. Raises AFDPeerError (and
-        closes the connector, ending the pending transfers) when it takes longer than
-        ``afd_process_group_timeout_s``, AFDShutdown when the connector is closed.
-        """
-        raise NotImplementedError(f"{self.name} does not support CUDA graph steps")
-
-    def graph_capture(self) -> AbstractContextManager[None]:
-        """Attention side: a context around the capture of CUDA graphs in this process.
-
-        Entering waits (bounded) for the replays still running; inside, the connector
-        makes no CUDA call from its own threads (a capture in vLLM's global mode forbids
-        them in every thread of the process). The runners enter it around every capture
-        routine, also when it captures nothing; the default does nothing (a connector
-        without graph steps has no replays and no CUDA calls to hold back).
-        """
-        return nullcontext()
-
-    def watch_graph_replay(self, step_id: int) -> None:
-        """Attention side: bound the graph replay of ``step_id`` just queued on the stream.
-
-        Returns at once. Should the replay not finish within the AFD timeout (the FFN
-        rank stopped answering), the connector fails and ends its pending transfers, so
-        the replay finishes and the next call raises AFDPeerError.
-        """
-        raise NotImplementedError(f"{self.name} does not support CUDA graph steps")
+def _shut_down(parts: ConnectorParts) -> None:
+    for step in parts.shutdown:
+        step()

@@ -22,6 +22,9 @@ from afd_core.errors import AFDProtocolError
 #: Names of the dtypes allowed on the wire, with their one-byte codes.
 WIRE_DTYPES: dict[str, int] = {"bfloat16": 1, "float16": 2, "float32": 3}
 _DTYPE_NAMES = {code: name for name, code in WIRE_DTYPES.items()}
+#: Message directions and their one-byte codes.
+DIRECTIONS: dict[str, int] = {"a2f": 0, "f2a": 1}
+_DIRECTION_NAMES = {code: name for name, code in DIRECTIONS.items()}
 
 
 @dataclass(frozen=True)
@@ -217,16 +220,20 @@ class ControlPayload:
 class TransferHeader:
     """The fixed-size header of one data message (hidden states one way or the other).
 
-    ``direction`` is ``"a2f"`` (attention to FFN) or ``"f2a"``; ``logits_width`` is the
-    number of router-logit columns that follow the hidden states (0 when the gate runs on
-    FFN); ``logits_dtype`` their dtype name (ignored when ``logits_width`` is 0).
-    ``sender_rank`` is the sender's role rank (attention rank for a2f, FFN rank for f2a).
+    ``direction`` is ``"a2f"`` (attention to FFN) or ``"f2a"``; ``num_tokens`` the rows
+    of the message. ``logits_width`` is the number of router-logit columns that follow
+    the hidden states (0 unless the gate runs on attention and the connector sends
+    logits); ``logits_dtype`` their dtype name (ignored when ``logits_width`` is 0).
+    ``topk`` is the number of routed experts per row whose ids and weights follow the
+    hidden states (expert-routed connectors; 0 otherwise). ``sender_rank`` is the
+    sender's role rank (attention rank for a2f, FFN rank for f2a).
     """
 
     SIZE: ClassVar[int] = 64
     MAGIC: ClassVar[bytes] = b"AFDT"
-    VERSION: ClassVar[int] = 1
-    _LAYOUT: ClassVar[struct.Struct] = struct.Struct("<4sHBBQIHHIIIIB")
+    VERSION: ClassVar[int] = 2
+    #: The byte layout of the first :data:`LAYOUT.size` bytes (the rest is zero).
+    LAYOUT: ClassVar[struct.Struct] = struct.Struct("<4sHBBQIHHIIIIBH")
 
     direction: str
     step_id: int
@@ -238,9 +245,10 @@ class TransferHeader:
     sender_rank: int
     logits_width: int = 0
     logits_dtype: str = "float32"
+    topk: int = 0
 
     def __post_init__(self) -> None:
-        if self.direction not in ("a2f", "f2a"):
+        if self.direction not in DIRECTIONS:
             raise ValueError(
                 f"TransferHeader.direction must be 'a2f' or 'f2a', not {self.direction!r}"
             )
@@ -253,10 +261,10 @@ class TransferHeader:
 
     def encode(self) -> bytes:
         """The 64-byte wire form."""
-        packed = self._LAYOUT.pack(
+        packed = self.LAYOUT.pack(
             self.MAGIC,
             self.VERSION,
-            0 if self.direction == "a2f" else 1,
+            DIRECTIONS[self.direction],
             WIRE_DTYPES[self.dtype],
             self.step_id,
             self.layer,
@@ -267,6 +275,7 @@ class TransferHeader:
             self.sender_rank,
             self.logits_width,
             WIRE_DTYPES[self.logits_dtype],
+            self.topk,
         )
         return packed.ljust(self.SIZE, b"\0")
 
@@ -289,7 +298,8 @@ class TransferHeader:
             sender,
             logits_width,
             logits_dtype,
-        ) = cls._LAYOUT.unpack_from(data)
+            topk,
+        ) = cls.LAYOUT.unpack_from(data)
         if magic != cls.MAGIC:
             raise AFDProtocolError(
                 f"AFD data: bad magic {magic!r} (expected {cls.MAGIC!r}); the peers are "
@@ -300,10 +310,12 @@ class TransferHeader:
                 f"AFD data: header version {version}, this side speaks {cls.VERSION}; "
                 "install the same afd-core version on both roles"
             )
-        if dtype not in _DTYPE_NAMES or logits_dtype not in _DTYPE_NAMES:
-            raise AFDProtocolError(f"AFD data: unknown dtype code {dtype}/{logits_dtype}")
+        if dtype not in _DTYPE_NAMES or logits_dtype not in _DTYPE_NAMES or direction > 1:
+            raise AFDProtocolError(
+                f"AFD data: unknown dtype code {dtype}/{logits_dtype} or direction {direction}"
+            )
         return cls(
-            direction="a2f" if direction == 0 else "f2a",
+            direction=_DIRECTION_NAMES[direction],
             step_id=step,
             layer=layer,
             stage=stage,
@@ -313,19 +325,27 @@ class TransferHeader:
             sender_rank=sender,
             logits_width=logits_width,
             logits_dtype=_DTYPE_NAMES[logits_dtype],
+            topk=topk,
         )
 
-    def check(self, expected: TransferHeader) -> None:
-        """Raise AFDProtocolError unless this (received) header matches ``expected``.
-
-        The message lists every field that differs with both sides' values.
-        """
-        diffs = [
+    def differences(self, expected: TransferHeader, *, ignore: tuple[str, ...] = ()) -> list[str]:
+        """``"field: received X, expected Y"`` for each field (not in ``ignore``) that
+        differs; ``logits_dtype`` counts only when a header carries logits."""
+        return [
             f"{f.name}: received {getattr(self, f.name)!r}, expected {getattr(expected, f.name)!r}"
             for f in fields(self)
-            if getattr(self, f.name) != getattr(expected, f.name)
+            if f.name not in ignore
+            and getattr(self, f.name) != getattr(expected, f.name)
             and not (f.name == "logits_dtype" and self.logits_width == expected.logits_width == 0)
         ]
+
+    def check(self, expected: TransferHeader, *, ignore: tuple[str, ...] = ()) -> None:
+        """Raise AFDProtocolError unless this (received) header matches ``expected``.
+
+        The message lists every field that differs with both sides' values; fields in
+        ``ignore`` are not compared.
+        """
+        diffs = self.differences(expected, ignore=ignore)
         if diffs:
             raise AFDProtocolError(
                 f"AFD data: a {self.direction} message differs from what this rank expected "

@@ -10,7 +10,7 @@ eagerly. Graphs live in a bounded LRU cache and share one memory pool (steps run
 a time).
 
 Every host wait is bounded by the connector: the receives and sends of an eager graph
-step, and the replay (``Connector.wait_for_stream``).
+step, and the replay (``FFNEndpoint.wait_for_stream``).
 """
 
 from __future__ import annotations
@@ -99,7 +99,8 @@ class FFNStepGraphs:
             return
         self._cache.move_to_end(key)
         captured.graph.replay()
-        self._connector.wait_for_stream(f"the CUDA graph of step {step.payloads[0].step_id}")
+        endpoint = self._connector.ffn
+        endpoint.wait_for_stream(f"the CUDA graph of step {step.payloads[0].step_id}")
         self._stats.graph_replays += 1
 
     def _new_inputs(self, step: FFNStep) -> list[_Inputs]:
@@ -119,13 +120,13 @@ class FFNStepGraphs:
 
     def _run(self, step: FFNStep, inputs: list[_Inputs]) -> None:
         """Every stage and layer of ``step``: receive, compute, send (captured or not)."""
-        connector = self._connector
+        endpoint = self._connector.ffn
         for stage, tensors in enumerate(inputs):
             for layer in self._layers:
                 logits = self._logits_at(tensors, layer)
-                connector.recv_hidden_into(step, layer, stage, tensors.hidden, logits)
+                endpoint.recv_into(step, layer, stage, tensors.hidden, logits)
                 output = self._model.afd_compute_ffn(layer, tensors.hidden, logits)
-                connector.send_output_from(step, layer, stage, output)
+                endpoint.send_from(step, layer, stage, output)
 
     def _logits_at(self, tensors: _Inputs, layer: int) -> Any | None:
         """The stage's router-logit input when ``layer`` carries router logits, else None."""

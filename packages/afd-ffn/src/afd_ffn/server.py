@@ -3,12 +3,12 @@
 An FFN rank has no scheduler and no KV cache. Its :class:`FFNServer` thread
 (``afd-ffn-server``) does the rendezvous, then repeats::
 
-    step = connector.control_plane.recv_step()       # None once the connector is closed
+    step = connector.ffn.next_step()                 # None once the connector is closed
     for stage in step's stages:
         for layer in model.afd_exchange_layers():
-            batch = connector.recv_hidden(step, layer, stage)
+            batch = connector.ffn.recv(step, layer, stage)
             out = model.afd_compute_ffn(layer, to_device(batch.hidden), ...)
-            connector.send_output(batch, out)
+            connector.ffn.send(batch, out)
 
 Each step runs inside the compute context (vLLM: ``torch.inference_mode()``,
 ``set_forward_context(None, vllm_config)`` and, on CUDA, the worker's device as the
@@ -158,12 +158,13 @@ class FFNServer:
         self.stats.steps += 1
 
     def _serve_layer(self, step: FFNStep, layer: int, stage: int) -> None:
-        batch = self._connector.recv_hidden(step, layer, stage)
+        endpoint = self._connector.ffn
+        batch = endpoint.recv(step, layer, stage)
         hidden, logits = batch.hidden, batch.router_logits
         if self._device is not None:
             hidden = hidden.to(self._device)
             logits = None if logits is None else logits.to(self._device)
-        self._connector.send_output(batch, self._model.afd_compute_ffn(layer, hidden, logits))
+        endpoint.send(batch, self._model.afd_compute_ffn(layer, hidden, logits))
 
     def _serve_graph_step(self, step: FFNStep) -> None:
         if self._graphs is None:
@@ -181,7 +182,8 @@ class FFNServer:
             logger.info(
                 "AFD FFN rank %d: serving %d exchange layers per step", rank, len(self._layers)
             )
-            while (step := self._connector.control_plane.recv_step()) is not None:
+            endpoint = self._connector.ffn
+            while (step := endpoint.next_step()) is not None:
                 self.serve_step(step)
         except AFDShutdown:
             pass

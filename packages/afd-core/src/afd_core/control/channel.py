@@ -1,0 +1,194 @@
+"""The control channel over a host-memory transport: one fixed-size frame per step.
+
+* :class:`ControlSender` (attention side): writes the step's
+  :class:`~afd_core.metadata.ControlPayload` into a frame and sends it to the FFN rank(s)
+  that receive this rank's steps, waiting at most ``afd_process_group_timeout_s``.
+* :class:`ControlInbox` (FFN side): one daemon thread per attention rank posts a receive
+  of one frame, waits for it without a deadline (an idle attention role is normal),
+  decodes it, queues the payload and posts the next receive. :meth:`ControlInbox.next_step`
+  waits until at least one rank has a payload, takes one payload of every rank that has
+  one at that moment and assembles them into one :class:`~afd_core.connector.FFNStep`;
+  a payload that arrives later goes into a later step.
+
+Frames have a fixed size (:data:`~afd_core.wire.CONTROL_FRAME_BYTES`), so a receive is
+always posted large enough. The channel's transport is its own process group, apart
+from the data plane's: control and data traffic never share a message stream.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from afd_core.control.assembler import StepAssembler
+from afd_core.errors import AFDError, AFDProtocolError
+from afd_core.failures import Fuse, PeerFailures, guarded, guarded_until_closed
+from afd_core.transport import TransferFailed, Transport
+from afd_core.wire import CONTROL_FRAME_BYTES, decode_control_frame, encode_control_frame
+
+if TYPE_CHECKING:
+    from afd_core.connector import FFNStep
+    from afd_core.metadata import ControlPayload
+
+#: What an inbox thread waits for, in error messages.
+NEXT_PAYLOAD = "the next control payload"
+
+
+def host_frame(transport: Transport, nbytes: int = CONTROL_FRAME_BYTES) -> tuple[object, int]:
+    """A zeroed frame buffer of ``transport`` and its address (host memory)."""
+    frame = transport.allocate(nbytes)
+    frame.zero_()
+    if frame.device.type != "cpu":
+        raise ValueError("AFD control: the control channel needs a host-memory transport")
+    return frame, frame.data_ptr()
+
+
+class ControlSender:
+    """Attention side: sends each step's payload to ``peers`` (FFN world ranks), in order."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        peers: tuple[int, ...],
+        timeout_s: float,
+        fuse: Fuse,
+        failures: PeerFailures,
+    ) -> None:
+        self._transport = transport
+        self._peers = peers
+        self._timeout_s = timeout_s
+        self._fuse = fuse
+        self._failures = failures
+        self._frame, self._addr = host_frame(transport)
+
+    @guarded
+    def send(self, payload: ControlPayload) -> None:
+        """Send ``payload``; returns once every peer received it (bounded by the timeout).
+
+        Raises AFDProtocolError for a payload too large for a frame, AFDPeerError when a
+        peer is gone or does not take the frame in time.
+        """
+        data = encode_control_frame(payload)
+        ctypes.memmove(self._addr, data, len(data))
+        deadline = time.monotonic() + self._timeout_s
+        doing = f"the control payload of step {payload.step_id}"
+        try:
+            for peer in self._peers:
+                self._transport.wait(self._transport.post_send(self._frame, peer), deadline)
+        except TransferFailed as exc:
+            raise self._failures.error(exc, doing) from None
+
+
+class ControlInbox:
+    """FFN side: the control payloads of ``senders`` (attention rank -> world rank)."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        senders: Mapping[int, int],
+        fuse: Fuse,
+        failures: PeerFailures,
+        thread_name: str,
+    ) -> None:
+        self._transport = transport
+        self._senders = dict(senders)
+        self._fuse = fuse
+        self._failures = failures
+        self._thread_name = thread_name
+        self._assembler = StepAssembler(tuple(senders))
+        self._cond = threading.Condition()
+        self._queues: dict[int, deque[ControlPayload]] = {a: deque() for a in senders}
+        self._errors: dict[int, AFDError] = {}
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        """Start one receiver thread per attention rank."""
+        for rank in self._queues:
+            thread = threading.Thread(
+                target=self._receive,
+                args=(rank,),
+                daemon=True,
+                name=f"{self._thread_name}-a{rank}",
+            )
+            self._threads.append(thread)
+            thread.start()
+
+    def wake(self) -> None:
+        """Wake a thread waiting in :meth:`next_step` (it then checks the fuse)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def stop(self, join_timeout_s: float) -> None:
+        """Join the receiver threads; call once the transport was interrupted."""
+        self.wake()
+        for thread in self._threads:
+            thread.join(join_timeout_s)
+        self._threads.clear()
+
+    def ready_ranks(self) -> tuple[int, ...]:
+        """Attention ranks that have a payload waiting, in sender order."""
+        with self._cond:
+            return tuple(rank for rank, queue in self._queues.items() if queue)
+
+    @guarded_until_closed
+    def next_step(self) -> FFNStep | None:
+        """The next step, or None once the connector is closed.
+
+        Raises AFDPeerError when an attention rank with nothing queued has disconnected,
+        AFDProtocolError for a payload that breaks the step rules.
+        """
+        with self._cond:
+            while True:
+                if self._fuse.closed:
+                    return None
+                ready = self._pop_ready()
+                if ready:
+                    break
+                for error in self._errors.values():
+                    raise error
+                self._cond.wait(1.0)
+        return self._assembler.assemble(ready)
+
+    def _pop_ready(self) -> dict[int, ControlPayload]:
+        """The first payload of every rank with one queued, all of one kind.
+
+        A step is either a CUDA graph step (header-less data messages, see
+        ``ControlPayload.is_graph_step``) or an eager one: the kind of the first ready
+        rank in sender order decides, ranks whose next payload is of the other kind wait
+        for the next step. Call with ``_cond`` held.
+        """
+        kind: bool | None = None
+        ready: dict[int, ControlPayload] = {}
+        for rank, queue in self._queues.items():
+            if not queue:
+                continue
+            if kind is None:
+                kind = queue[0].is_graph_step
+            if queue[0].is_graph_step == kind:
+                ready[rank] = queue.popleft()
+        return ready
+
+    def _receive(self, rank: int) -> None:
+        peer = self._senders[rank]
+        frame, addr = host_frame(self._transport)
+        try:
+            while not self._fuse.closed:
+                self._transport.wait(self._transport.post_recv(frame, peer), None)
+                payload = decode_control_frame(ctypes.string_at(addr, CONTROL_FRAME_BYTES))
+                with self._cond:
+                    self._queues[rank].append(payload)
+                    self._cond.notify_all()
+            return
+        except TransferFailed as exc:
+            error: AFDError = self._failures.error(exc, NEXT_PAYLOAD)
+        except AFDProtocolError as exc:
+            error = exc
+        # Keep no traceback: its frames hold the transport handle (and so the group).
+        error = type(error)(str(error))
+        with self._cond:
+            self._errors[rank] = error
+            self._cond.notify_all()

@@ -1,0 +1,176 @@
+"""How the parts of a connector fail together: one :class:`Fuse`, one way to name a lost peer.
+
+Every part of a composed connector (control channel, endpoint) holds the connector's
+:class:`Fuse`. A part's public method is wrapped in :func:`guarded`: it refuses to run
+once the fuse is blown (the connector was closed, or failed earlier) and blows the fuse
+with any :class:`~afd_core.errors.AFDError` it raises, so every later call raises the
+same error again ("close it and start again"): after a failed wait or a protocol error
+the message stream between two ranks is no longer trustworthy.
+
+:class:`PeerFailures` turns a transport's :class:`~afd_core.transport.TransferFailed`
+into the error a user reads: which peer, what this rank was waiting for, and what to do.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from typing import Concatenate, ParamSpec, Protocol, TypeVar
+
+from afd_core.errors import AFDError, AFDPeerError, AFDShutdown
+from afd_core.topology import Topology
+from afd_core.transport import TransferFailed
+from afd_core.wire import describe_rank
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Fuse:
+    """Whether a connector may still be used: open, closed, or failed with an error.
+
+    ``blown`` is a plain attribute (read on every hot-path call): True once closed or
+    failed. Thread-safe: :meth:`close` may run on any thread.
+    """
+
+    __slots__ = ("_closed", "_failure", "_lock", "blown", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.blown = False
+        self._closed = threading.Event()
+        self._failure: AFDError | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran."""
+        return self._closed.is_set()
+
+    @property
+    def failure(self) -> AFDError | None:
+        """The error that failed the connector, if any (never AFDShutdown)."""
+        return self._failure
+
+    def close(self) -> None:
+        """Mark the connector closed: every later guarded call raises AFDShutdown."""
+        self._closed.set()
+        self.blown = True
+
+    def blow(self, exc: AFDError) -> None:
+        """Remember ``exc`` as the connector's failure (the first one wins).
+
+        Keeps a copy without traceback: the traceback's frames hold transport handles,
+        and through them the process group and its port, after close(). AFDShutdown is
+        not a failure (it is what a closed connector raises).
+        """
+        if isinstance(exc, AFDShutdown):
+            return
+        with self._lock:
+            if self._failure is None:
+                self._failure = type(exc)(str(exc))
+            self.blown = True
+
+    def check(self) -> None:
+        """Raise AFDShutdown when closed, the failure when failed; return otherwise."""
+        if self.blown:
+            raise self.error()
+
+    def error(self) -> AFDError:
+        """The error a call on this (blown) connector raises."""
+        if self._closed.is_set():
+            return AFDShutdown(f"AFD: {self.name} is closed")
+        failure = self._failure
+        assert failure is not None
+        return type(failure)(f"{failure} (this connector failed earlier; close it and start again)")
+
+
+class _HasFuse(Protocol):
+    _fuse: Fuse
+
+
+S = TypeVar("S", bound=_HasFuse)
+
+
+def guarded(method: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]:
+    """Wrap a part's method: refuse when its ``_fuse`` is blown, blow it on AFDError."""
+
+    @functools.wraps(method)
+    def call(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        fuse = self._fuse
+        if fuse.blown:
+            raise fuse.error()
+        try:
+            return method(self, *args, **kwargs)
+        except AFDError as exc:
+            fuse.blow(exc)
+            raise
+
+    return call
+
+
+def guarded_until_closed(
+    method: Callable[Concatenate[S, P], R],
+) -> Callable[Concatenate[S, P], R | None]:
+    """Like :func:`guarded`, but a closed connector makes the call return None (the
+    contract of a wait for the next step: closing ends it quietly)."""
+
+    @functools.wraps(method)
+    def call(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R | None:
+        fuse = self._fuse
+        if fuse.closed:
+            return None
+        if fuse.blown:
+            raise fuse.error()
+        try:
+            return method(self, *args, **kwargs)
+        except AFDError as exc:
+            if fuse.closed:
+                return None
+            fuse.blow(exc)
+            raise
+
+    return call
+
+
+class PeerFailures:
+    """Names the peers of one rank and explains transport failures in their terms."""
+
+    def __init__(self, topology: Topology, timeout_s: float, fuse: Fuse) -> None:
+        self._topology = topology
+        self._timeout_s = timeout_s
+        self._fuse = fuse
+
+    def describe(self, world_rank: int) -> str:
+        """``"FFN rank 0 (world rank 0)"`` for world rank 0."""
+        role, rank = self._topology.role_of_world_rank(world_rank)
+        return describe_rank(self._topology, role, rank)
+
+    def error(self, failure: TransferFailed, doing: str) -> AFDError:
+        """The error for ``failure`` while this rank was waiting for ``doing``.
+
+        ``doing`` reads like ``"layer 3 of step 17"``.
+        """
+        if self._fuse.closed:
+            return AFDShutdown(f"AFD: {self._fuse.name} was closed while waiting for {doing}")
+        who = self.describe(failure.peer)
+        if failure.reason == "interrupted" and self._fuse.failure is not None:
+            return type(self._fuse.failure)(f"{self._fuse.failure} (while waiting for {doing})")
+        if failure.reason == "timeout":
+            return AFDPeerError(
+                f"AFD: {who} did not answer within {self._timeout_s:g} s ({doing}); it is "
+                "stuck or overloaded, or the roles disagree on the step sequence "
+                f"(afd_process_group_timeout_s sets this limit) [{failure.detail}]"
+            )
+        role, _ = self._topology.role_of_world_rank(failure.peer)
+        return AFDPeerError(
+            f"AFD: {who} closed the connection during {doing}; the "
+            f"{'FFN' if role == 'ffn' else 'attention'} role stopped or crashed — see its "
+            f"log [{failure.detail}]"
+        )
+
+
+def layer_of_step(layer: int, step_id: int) -> str:
+    """``"layer 3 of step 17"``: what a data wait is for, in error messages."""
+    return f"layer {layer} of step {step_id}"

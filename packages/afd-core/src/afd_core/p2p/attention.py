@@ -1,0 +1,373 @@
+"""``P2pAttentionEndpoint``: the attention side of the P2P exchange, over any transport.
+
+An attention rank talks to the one FFN rank serving its block (:mod:`afd_core.topology`).
+Per step it announces the step on the control channel; per layer and stage it sends a
+header message and the hidden states (then the router logits, when the layer carries
+them) as bare tensors, and receives a header message and the FFN result straight into a
+new tensor that becomes the caller's output: no copy on either path (docs/wire-protocol.md).
+
+Posting order: on a transport whose pair operations run in posting order (NCCL) the
+sends go first, since a receive posted first would block the send the FFN rank waits
+for; elsewhere (gloo) the receives go first, so the FFN rank's reply never waits for a
+receive to be posted. CUDA graph steps send and receive the same tensors without header
+messages; their checks happen on the control plane.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from afd_core.connector import AttentionEndpoint, ExpertRouting, WireSpec
+from afd_core.control.channel import ControlSender
+from afd_core.errors import AFDError, AFDProtocolError
+from afd_core.failures import Fuse, PeerFailures, guarded, layer_of_step
+from afd_core.graphs import ReplayGuard
+from afd_core.metadata import ControlPayload
+from afd_core.p2p.headers import IncomingHeaders, OutgoingHeaders
+from afd_core.transport import Transfer, TransferFailed, Transport
+from afd_core.wire import HeaderCodec
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    import torch
+
+
+@dataclass(slots=True)
+class _Step:
+    """The step in progress: its id, token count per stage, kind, and exchanges done."""
+
+    step_id: int
+    tokens: tuple[int, ...]
+    graph: bool
+    expected: int
+    done: int = 0
+
+
+@dataclass(slots=True)
+class _InFlight:
+    """One stage's exchange between ``send`` and ``recv``."""
+
+    layer: int
+    row: int
+    transfers: list[Transfer]
+    out: torch.Tensor
+    home: torch.device
+
+
+@dataclass(frozen=True)
+class P2pPeer:
+    """The FFN rank an attention rank exchanges with: its role rank and world rank."""
+
+    ffn_rank: int
+    world_rank: int
+
+
+class P2pAttentionEndpoint(AttentionEndpoint):
+    """The attention side of P2P (see the module docstring).
+
+    ``control`` sends the step announcements; ``replays`` bounds CUDA graph replays
+    (None: the connector has no graph steps).
+    """
+
+    def __init__(
+        self,
+        *,
+        wire: WireSpec,
+        role_rank: int,
+        peer: P2pPeer,
+        transport: Transport,
+        control: ControlSender,
+        fuse: Fuse,
+        failures: PeerFailures,
+        timeout_s: float,
+        replays: ReplayGuard | None = None,
+    ) -> None:
+        import torch
+
+        self._wire = wire
+        self._role_rank = role_rank
+        self._peer = peer
+        self._transport = transport
+        self._control = control
+        self._fuse = fuse
+        self._failures = failures
+        self._timeout_s = timeout_s
+        self._replays = replays
+        self._empty = torch.empty
+        self._dtype = getattr(torch, wire.dtype)
+        self._logits_dtype = getattr(torch, wire.router_logits_dtype)
+        self._layers = wire.exchange_layers
+        self._index = {layer: i for i, layer in enumerate(self._layers)}
+        self._codec = HeaderCodec(wire)
+        self._step: _Step | None = None
+        self._inflight: dict[int, _InFlight] = {}
+        self._outgoing: OutgoingHeaders | None = None
+        self._incoming: IncomingHeaders | None = None
+        self._sender_name = failures.describe(peer.world_rank)
+
+    @guarded
+    def begin_step(self, payload: ControlPayload) -> None:
+        if payload.sender_rank != self._role_rank:
+            raise AFDProtocolError(
+                f"AFD control: attention rank {self._role_rank} was asked to send a payload "
+                f"signed by attention rank {payload.sender_rank}"
+            )
+        step = self._step
+        if step is not None and step.done != step.expected:
+            raise AFDProtocolError(
+                f"AFD: attention rank {self._role_rank} starts step {payload.step_id} after "
+                f"{step.done} layer exchanges in step {step.step_id}, expected "
+                f"{step.expected} ({len(self._layers)} layers x {len(step.tokens)} stages, "
+                "none for a graph replay); every forward must exchange at every layer and stage"
+            )
+        if payload.is_graph_step and self._replays is None:
+            raise AFDProtocolError(
+                f"AFD: step {payload.step_id} is a CUDA graph step, but this connector has no "
+                "graph steps; run the attention role with --enforce-eager"
+            )
+        if not payload.is_graph_step and self._replays is not None:
+            self._replays.drain(f"eager step {payload.step_id}")
+        tokens = payload.tokens_of(self._role_rank)
+        self._control.send(payload)
+        replay = payload.is_graph_step and not payload.is_graph_capturing
+        self._step = _Step(
+            step_id=payload.step_id,
+            tokens=tokens,
+            graph=payload.is_graph_step,
+            expected=0 if replay else len(tokens) * len(self._layers),
+        )
+        if not payload.is_graph_step:
+            self._write_headers(payload.step_id, tokens)
+
+    def _write_headers(self, step_id: int, tokens: tuple[int, ...]) -> None:
+        """Every header of the step: what this rank sends and what it expects back."""
+        rows = len(tokens) * len(self._layers)
+        if self._outgoing is None or self._outgoing.rows < rows:
+            self._outgoing = OutgoingHeaders(self._transport, rows)
+            self._incoming = IncomingHeaders(self._transport, rows, self._sender_name)
+        assert self._incoming is not None
+        codec, out_view, in_view = self._codec, self._outgoing.view, self._incoming.view
+        for stage, n in enumerate(tokens):
+            for i, layer in enumerate(self._layers):
+                offset = (stage * len(self._layers) + i) * 64
+                width = self._wire.logits_width_at(layer)
+                codec.pack_into(
+                    out_view, offset, "a2f", step_id, layer, stage, n, self._role_rank,
+                    logits_width=width,
+                )  # fmt: skip
+                codec.pack_into(
+                    in_view, offset, "f2a", step_id, layer, stage, n, self._peer.ffn_rank
+                )
+        self._outgoing.publish()
+        self._incoming.publish()
+
+    def send(
+        self,
+        layer: int,
+        stage: int,
+        hidden: torch.Tensor,
+        *,
+        router_logits: torch.Tensor | None = None,
+        routing: ExpertRouting | None = None,
+    ) -> None:
+        fuse = self._fuse
+        if fuse.blown:
+            raise fuse.error()
+        try:
+            self._send(layer, stage, hidden, router_logits, routing)
+        except AFDError as exc:
+            fuse.blow(exc)
+            raise
+
+    def _send(
+        self,
+        layer: int,
+        stage: int,
+        hidden: torch.Tensor,
+        router_logits: torch.Tensor | None,
+        routing: ExpertRouting | None,
+    ) -> None:
+        # The hot path: a few cheap checks; _reject_send explains whichever failed.
+        step, index = self._step, self._index.get(layer)
+        width = self._wire.logits_width_at(layer)
+        if (
+            step is None
+            or index is None
+            or routing is not None
+            or stage in self._inflight
+            or not 0 <= stage < len(step.tokens)
+            or step.done >= step.expected
+            or hidden.dtype != self._dtype
+            or hidden.shape != (step.tokens[stage], self._wire.hidden_size)
+            or not hidden.is_contiguous()
+            or (router_logits is None) != (width == 0)
+            or (
+                router_logits is not None
+                and (
+                    router_logits.shape != (step.tokens[stage], width)
+                    or router_logits.dtype != self._logits_dtype
+                )
+            )
+        ):
+            self._reject_send(layer, stage, hidden, router_logits, routing)
+        assert step is not None and index is not None
+        n = step.tokens[stage]
+        transport, peer = self._transport, self._peer.world_rank
+        device = transport.device
+        home = hidden.device
+        if home != device:
+            hidden = hidden.to(device)
+        out = self._empty((n, self._wire.hidden_size), dtype=self._dtype, device=device)
+        row = stage * len(self._layers) + index
+        if router_logits is not None:
+            logits = router_logits.to(device).contiguous()
+        try:
+            if step.graph:
+                if transport.ordered_pairs:
+                    transfers = [transport.post_send(hidden, peer)]
+                    if router_logits is not None:
+                        transfers.append(transport.post_send(logits, peer))
+                    transfers.append(transport.post_recv(out, peer))
+                else:
+                    transfers = [transport.post_recv(out, peer), transport.post_send(hidden, peer)]
+                    if router_logits is not None:
+                        transfers.append(transport.post_send(logits, peer))
+            else:
+                outgoing, incoming = self._outgoing, self._incoming
+                assert outgoing is not None and incoming is not None
+                if transport.ordered_pairs:
+                    transfers = [transport.post_send(outgoing.row(row), peer)]
+                    if n:
+                        transfers.append(transport.post_send(hidden, peer))
+                        if router_logits is not None:
+                            transfers.append(transport.post_send(logits, peer))
+                    transfers.append(transport.post_recv(incoming.row(row), peer))
+                    if n:
+                        transfers.append(transport.post_recv(out, peer))
+                else:
+                    transfers = [transport.post_recv(incoming.row(row), peer)]
+                    if n:
+                        transfers.append(transport.post_recv(out, peer))
+                    transfers.append(transport.post_send(outgoing.row(row), peer))
+                    if n:
+                        transfers.append(transport.post_send(hidden, peer))
+                        if router_logits is not None:
+                            transfers.append(transport.post_send(logits, peer))
+        except TransferFailed as exc:
+            raise self._failures.error(exc, layer_of_step(layer, step.step_id)) from None
+        self._inflight[stage] = _InFlight(layer, row, transfers, out, home)
+
+    def _reject_send(
+        self,
+        layer: int,
+        stage: int,
+        hidden: torch.Tensor,
+        router_logits: torch.Tensor | None,
+        routing: ExpertRouting | None,
+    ) -> None:
+        """Raise AFDProtocolError explaining why :meth:`send` cannot send this."""
+        step = self._active_step(layer, stage)
+        if routing is not None:
+            raise AFDProtocolError(
+                "AFD: a P2P connector sends router logits, not expert routing; use an "
+                "expert-routed connector (DeepEPM2NAFDConnector) to route tokens to experts"
+            )
+        if stage in self._inflight:
+            raise AFDProtocolError(
+                f"AFD: attention rank {self._role_rank} sends layer {layer} stage {stage} while "
+                "the previous exchange of that stage awaits recv()"
+            )
+        n = step.tokens[stage]
+        self._check_rows("hidden", hidden, n, self._wire.hidden_size, self._dtype)
+        width = self._wire.logits_width_at(layer)
+        if router_logits is not None and width:
+            self._check_rows("router_logits", router_logits, n, width, self._logits_dtype)
+        raise AFDProtocolError(
+            f"AFD: router_logits {'missing' if router_logits is None else 'given'} for "
+            f"layer {layer}, whose wire spec has {width} router-logit columns; "
+            "compute_gate_on_attention decides whether the attention role sends router "
+            "logits, and dense layers never do"
+        )
+
+    def recv(self, layer: int, stage: int) -> torch.Tensor:
+        fuse = self._fuse
+        if fuse.blown:
+            raise fuse.error()
+        try:
+            return self._recv(layer, stage)
+        except AFDError as exc:
+            fuse.blow(exc)
+            raise
+
+    def _recv(self, layer: int, stage: int) -> torch.Tensor:
+        step = self._step
+        inflight = self._inflight.pop(stage, None)
+        if step is None or inflight is None or inflight.layer != layer:
+            sent = "nothing" if inflight is None else f"layer {inflight.layer}"
+            raise AFDProtocolError(
+                f"AFD: attention rank {self._role_rank} asks for the result of layer {layer} "
+                f"stage {stage}, but sent {sent} for that stage; call send() and recv() in pairs"
+            )
+        transport = self._transport
+        deadline = time.monotonic() + self._timeout_s
+        try:
+            transport.wait_all(inflight.transfers, deadline)
+            step.done += 1
+            incoming = self._incoming
+            if not step.graph and incoming is not None:
+                if incoming.checks_each_message:
+                    incoming.check(inflight.row)
+                elif step.done == step.expected:
+                    transport.synchronize(deadline)
+                    incoming.check_all(step.expected)
+        except TransferFailed as exc:
+            raise self._failures.error(exc, layer_of_step(layer, step.step_id)) from None
+        out = inflight.out
+        return out if out.device == inflight.home else out.to(inflight.home)
+
+    def graph_capture(self) -> AbstractContextManager[None]:
+        if self._replays is None:
+            return super().graph_capture()
+        return self._replays.capturing()
+
+    @guarded
+    def watch_graph_replay(self, step_id: int) -> None:
+        if self._replays is None:
+            super().watch_graph_replay(step_id)
+            return
+        self._replays.watch(step_id)
+
+    def _active_step(self, layer: int, stage: int) -> _Step:
+        step = self._step
+        if step is None:
+            raise AFDProtocolError(
+                f"AFD: attention rank {self._role_rank} exchanges layer {layer} before any "
+                "step began; call begin_step() first"
+            )
+        if layer not in self._index:
+            raise AFDProtocolError(
+                f"AFD: layer {layer} is not an exchange layer of the wire spec {self._layers}"
+            )
+        if not 0 <= stage < len(step.tokens):
+            raise AFDProtocolError(
+                f"AFD: stage {stage} is outside step {step.step_id}'s {len(step.tokens)} stage(s)"
+            )
+        if step.done >= step.expected:
+            raise AFDProtocolError(
+                f"AFD: attention rank {self._role_rank} exchanges layer {layer} after step "
+                f"{step.step_id} made all its {step.expected} exchanges; begin the next step first"
+            )
+        return step
+
+    @staticmethod
+    def _check_rows(
+        name: str, tensor: torch.Tensor, rows: int, cols: int, dtype: torch.dtype
+    ) -> None:
+        if tensor.shape != (rows, cols) or tensor.dtype != dtype or not tensor.is_contiguous():
+            raise AFDProtocolError(
+                f"AFD: {name} is {tuple(tensor.shape)} {tensor.dtype}, the step and wire spec "
+                f"say a contiguous ({rows}, {cols}) {dtype}"
+            )

@@ -1,0 +1,173 @@
+"""``GlooTransport``: the transport contract over a dedicated ``ProcessGroupGloo`` (CPU tensors).
+
+One gloo group per transport, created directly on a ``PrefixStore`` of the rendezvous
+session (never torch's default group). Facts of gloo in torch 2.13 that shape it
+(measured; see ``docs/wire-protocol.md`` section 4):
+
+* a send/recv ``Work`` reports ``is_completed()`` only after ``wait()`` returned, so
+  completion cannot be polled: a wait blocks in ``wait(timeout)`` (the GIL is released
+  meanwhile), with the time left to the deadline;
+* a wait that times out closes every pair of the group ("Application timeout caused
+  pair closure"); ``abort()`` and ``shutdown()`` do not wake a blocked wait, but that
+  pair closure does, within milliseconds. :meth:`GlooTransport.interrupt` therefore
+  posts a dummy receive on a spare tag and lets it time out after 1 ms;
+* a peer that dies wakes pending waits with "Connection closed by peer", in most runs
+  at once: a send posted just as its peer closes has been seen to learn of it only at
+  its own timeout;
+* a message shorter than the posted receive fills the beginning of the buffer; a longer
+  one aborts the receiving process (a C++ ``terminate``), so every receive is posted at
+  least as large as the message it may get;
+* a send completes once the peer has posted the matching receive: pre-posting receives
+  saves a handshake.
+
+Messages of one transport use one tag, so a pair's messages match in posting order; a
+second transport may share the group under another tag (:meth:`GlooTransport.share`),
+which is how the reference connector runs its control channel and data plane on one
+group: a second group doubles the gloo I/O threads and TCP connections of every rank,
+and on a 2-core host their wake-ups cost more than the messages themselves (measured:
+docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, ClassVar
+
+from afd_core.transport import Transfer, TransferFailed, Transport
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed import ProcessGroupGloo, Store
+
+#: Tags of the two channels that can share one group (non-negative int32, far from the
+#: small tags collectives use).
+TAG_CONTROL = 0x41460001
+TAG_DATA = 0x41460002
+#: The tag of the dummy receive that :meth:`GlooTransport.interrupt` lets time out.
+TAG_WAKE = 0x414600FF
+#: How long a wait without deadline may block: "forever" without overflowing gloo's clock.
+FOREVER = timedelta(days=3650)
+_MIN_WAIT = timedelta(milliseconds=1)
+
+
+class GlooTransport(Transport):
+    """The transport contract over one gloo group; build it with :meth:`open`."""
+
+    blocking_waits: ClassVar[bool] = True
+    ordered_pairs: ClassVar[bool] = False
+    accepts_short_messages: ClassVar[bool] = True
+    capturable: ClassVar[bool] = False
+
+    def __init__(
+        self, group: ProcessGroupGloo, world_rank: int, world_size: int, tag: int = TAG_CONTROL
+    ) -> None:
+        import torch
+
+        self._group: ProcessGroupGloo | None = group
+        self._world_rank = world_rank
+        self._world_size = world_size
+        self._tag = tag
+        self._device = torch.device("cpu")
+        self._interrupted = False
+        self._sharers: list[GlooTransport] = []
+
+    @classmethod
+    def open(
+        cls, store: Store, world_rank: int, world_size: int, timeout_s: float
+    ) -> GlooTransport:
+        """Create the gloo group of ``world_size`` ranks on ``store`` (blocks until all join).
+
+        ``timeout_s`` bounds the group's creation; RuntimeError when a rank does not come.
+        """
+        import torch.distributed as dist
+
+        group = dist.ProcessGroupGloo(store, world_rank, world_size, timedelta(seconds=timeout_s))
+        return cls(group, world_rank, world_size)
+
+    def share(self, tag: int) -> GlooTransport:
+        """A second channel on this transport's group, with its own tag (its own message
+        stream). Interrupting or closing either interrupts both: gloo closes every pair
+        of the group; the group itself goes when the first one is closed."""
+        assert self._group is not None
+        other = GlooTransport(self._group, self._world_rank, self._world_size, tag)
+        other._sharers.append(self)
+        self._sharers.append(other)
+        return other
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def post_send(self, tensor: torch.Tensor, peer: int) -> Transfer:
+        group = self._group
+        if group is None or self._interrupted:
+            raise TransferFailed(peer, "interrupted", "the transport is closed")
+        try:
+            return Transfer(peer, group.send([tensor], peer, self._tag))
+        except RuntimeError as exc:
+            raise self._failure(peer, exc) from exc
+
+    def post_recv(self, tensor: torch.Tensor, peer: int) -> Transfer:
+        group = self._group
+        if group is None or self._interrupted:
+            raise TransferFailed(peer, "interrupted", "the transport is closed")
+        try:
+            return Transfer(peer, group.recv([tensor], peer, self._tag))
+        except RuntimeError as exc:
+            raise self._failure(peer, exc) from exc
+
+    def wait(self, transfer: Transfer, deadline: float | None) -> None:
+        self.wait_all([transfer], deadline)
+
+    def wait_all(self, transfers: list[Transfer], deadline: float | None) -> None:
+        transfer = None
+        try:
+            for transfer in transfers:
+                if deadline is None:
+                    timeout = FOREVER
+                else:
+                    timeout = timedelta(seconds=deadline - time.monotonic())
+                    if timeout < _MIN_WAIT:
+                        timeout = _MIN_WAIT
+                transfer.work.wait(timeout)  # type: ignore[attr-defined]
+        except RuntimeError as exc:
+            assert transfer is not None
+            failure = self._failure(transfer.peer, exc)
+            if failure.reason == "timeout" and deadline is None:
+                failure = TransferFailed(transfer.peer, "interrupted", failure.detail)
+            raise failure from exc
+
+    def interrupt(self) -> None:
+        """Close every pair of the group by timing out a dummy receive (gloo has no cancel)."""
+        group = self._group
+        if group is None or self._interrupted:
+            return
+        self._interrupted = True
+        for other in self._sharers:
+            other._interrupted = True
+        import torch
+
+        peer = (self._world_rank + 1) % self._world_size
+        # The intended timeout (gloo then closes every pair), or the pairs are closed.
+        with contextlib.suppress(RuntimeError):
+            group.recv([torch.empty(1, dtype=torch.uint8)], peer, TAG_WAKE).wait(_MIN_WAIT)
+
+    def close(self) -> None:
+        self.interrupt()
+        group, self._group = self._group, None
+        for other in self._sharers:
+            other._group = None
+        if group is not None:
+            with contextlib.suppress(RuntimeError):  # pairs already closed: nothing to do
+                group.shutdown()
+
+    def _failure(self, peer: int, exc: RuntimeError) -> TransferFailed:
+        """The TransferFailed for a gloo error (its first line is the useful part)."""
+        detail = str(exc).split("\n", 1)[0]
+        if self._interrupted:
+            return TransferFailed(peer, "interrupted", detail)
+        if "Timed out" in detail:
+            return TransferFailed(peer, "timeout", detail)
+        return TransferFailed(peer, "peer_closed", detail)

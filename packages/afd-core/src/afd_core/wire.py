@@ -1,0 +1,169 @@
+"""Byte formats the endpoints put on a transport (pure Python, no torch).
+
+* **Control frames** (attention -> FFN, once per step): one fixed-size frame of
+  :data:`CONTROL_FRAME_BYTES`: an int64 length, the
+  :class:`~afd_core.metadata.ControlPayload` bytes, zero padding.
+* **Data headers**: every eager data message is a 64-byte
+  :class:`~afd_core.metadata.TransferHeader` message followed by its body messages (bare
+  tensors). :class:`HeaderCodec` writes headers straight into a header buffer and builds
+  the bytes a receiver expects; :func:`raise_header_mismatch` explains a difference.
+
+Both sides know every message size before it arrives (a fixed control frame, token
+counts announced by the control payload, the :class:`~afd_core.connector.WireSpec` they
+agreed on at rendezvous), except the routed row counts of expert-routed messages, which
+the header itself carries. ``docs/wire-protocol.md`` describes the whole protocol.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING
+
+from afd_core.errors import AFDProtocolError
+from afd_core.metadata import DIRECTIONS, WIRE_DTYPES, ControlPayload, TransferHeader
+
+if TYPE_CHECKING:
+    from afd_core.connector import WireSpec
+    from afd_core.topology import Role, Topology
+
+#: Size of every control frame: an int64 length, the payload, zero padding.
+CONTROL_FRAME_BYTES = 512
+_LENGTH = struct.Struct("<q")
+
+#: Bytes per element of each wire dtype.
+DTYPE_SIZES: dict[str, int] = {"bfloat16": 2, "float16": 2, "float32": 4}
+HEADER_BYTES = TransferHeader.SIZE
+#: Routed expert ids travel as int32, their weights as float32.
+ROUTING_ID_DTYPE = "int32"
+ROUTING_WEIGHT_DTYPE = "float32"
+
+
+def encode_control_frame(payload: ControlPayload) -> bytes:
+    """The fixed-size frame carrying ``payload``.
+
+    Raises AFDProtocolError when the payload does not fit (more than 119 token counts:
+    stages times ranks).
+    """
+    body = payload.encode()
+    if _LENGTH.size + len(body) > CONTROL_FRAME_BYTES:
+        raise AFDProtocolError(
+            f"AFD control: payload of step {payload.step_id} is {len(body)} bytes "
+            f"({len(payload.stages)} stages x {len(payload.stages[0].num_tokens)} ranks); a "
+            f"control frame holds at most {CONTROL_FRAME_BYTES - _LENGTH.size}; send the "
+            "counts of this rank only, or fewer stages"
+        )
+    return (_LENGTH.pack(len(body)) + body).ljust(CONTROL_FRAME_BYTES, b"\0")
+
+
+def decode_control_frame(frame: bytes) -> ControlPayload:
+    """Parse a frame made by :func:`encode_control_frame`; AFDProtocolError otherwise."""
+    if len(frame) != CONTROL_FRAME_BYTES:
+        raise AFDProtocolError(
+            f"AFD control: frame is {len(frame)} bytes, expected {CONTROL_FRAME_BYTES}"
+        )
+    (length,) = _LENGTH.unpack_from(frame)
+    if not 0 < length <= CONTROL_FRAME_BYTES - _LENGTH.size:
+        raise AFDProtocolError(
+            f"AFD control: frame announces a {length}-byte payload (a frame holds at most "
+            f"{CONTROL_FRAME_BYTES - _LENGTH.size}); the peer does not speak this protocol"
+        )
+    return ControlPayload.decode(bytes(frame[_LENGTH.size : _LENGTH.size + length]))
+
+
+def describe_rank(topology: Topology, role: Role, role_rank: int) -> str:
+    """``"FFN rank 0 (world rank 0)"`` / ``"attention rank 1 (world rank 2)"``."""
+    name = "FFN" if role == "ffn" else "attention"
+    return f"{name} rank {role_rank} (world rank {topology.world_rank(role, role_rank)})"
+
+
+class HeaderCodec:
+    """Packs and expects the headers of one wire spec (the per-layer hot path).
+
+    :meth:`pack_into` writes exactly ``TransferHeader(...).encode()`` into a buffer
+    without building the dataclass; :meth:`header` builds the dataclass (for error
+    messages and tests).
+    """
+
+    def __init__(self, wire: WireSpec) -> None:
+        self._wire = wire
+        self._dtype = WIRE_DTYPES[wire.dtype]
+        self._logits_code = WIRE_DTYPES[wire.router_logits_dtype]
+        self._no_logits_code = WIRE_DTYPES["float32"]
+        self._layout = TransferHeader.LAYOUT
+
+    def pack_into(
+        self,
+        buffer: memoryview,
+        offset: int,
+        direction: str,
+        step_id: int,
+        layer: int,
+        stage: int,
+        num_tokens: int,
+        sender_rank: int,
+        *,
+        logits_width: int = 0,
+        topk: int = 0,
+    ) -> None:
+        """Write the header at ``buffer[offset:offset + 64]`` (the padding stays as it is:
+        header buffers start zeroed)."""
+        self._layout.pack_into(
+            buffer,
+            offset,
+            TransferHeader.MAGIC,
+            TransferHeader.VERSION,
+            DIRECTIONS[direction],
+            self._dtype,
+            step_id,
+            layer,
+            stage,
+            0,
+            num_tokens,
+            self._wire.hidden_size,
+            sender_rank,
+            logits_width,
+            self._logits_code if logits_width else self._no_logits_code,
+            topk,
+        )
+
+    def header(
+        self,
+        direction: str,
+        step_id: int,
+        layer: int,
+        stage: int,
+        num_tokens: int,
+        sender_rank: int,
+        *,
+        logits_width: int = 0,
+        topk: int = 0,
+    ) -> TransferHeader:
+        """The header :meth:`pack_into` writes for these values."""
+        wire = self._wire
+        return TransferHeader(
+            direction=direction,
+            step_id=step_id,
+            layer=layer,
+            stage=stage,
+            num_tokens=num_tokens,
+            dtype=wire.dtype,
+            hidden_size=wire.hidden_size,
+            sender_rank=sender_rank,
+            logits_width=logits_width,
+            logits_dtype=wire.router_logits_dtype if logits_width else "float32",
+            topk=topk,
+        )
+
+
+def raise_header_mismatch(
+    raw: bytes, expected: TransferHeader, sender: str, *, ignore: tuple[str, ...] = ()
+) -> None:
+    """Raise AFDProtocolError naming every field where ``raw`` differs from ``expected``.
+
+    Returns (without raising) when ``raw`` decodes to a header equal to ``expected`` in
+    every field not in ``ignore``.
+    """
+    try:
+        TransferHeader.decode(raw).check(expected, ignore=ignore)
+    except AFDProtocolError as exc:
+        raise AFDProtocolError(f"{exc} [sent by {sender}]") from None
