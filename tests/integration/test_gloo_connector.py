@@ -18,10 +18,12 @@ import pytest
 import torch
 
 from afd_core.config import AFDConfig
-from afd_core.connector import WireSpec
+from afd_core.connector import Connector, ConnectorParts, WireSpec
 from afd_core.connectors.gloo import P2pGlooAFDConnector
-from afd_core.connectors.p2p_wire import a2f_header
 from afd_core.metadata import AFDDPMetadata, ControlPayload
+from afd_core.p2p import open_p2p
+from afd_core.world import gloo_data_transport
+from tests.unit.core.loopback import RecordingReplayGuard
 
 LAYERS = 3
 WIRE = WireSpec(hidden_size=16, dtype="float32", num_exchange_layers=LAYERS)
@@ -122,13 +124,13 @@ def run_ffn(
     steps = []
     try:
         while payloads > 0:
-            step = conn.control_plane.recv_step()
+            step = conn.ffn.next_step()
             assert step is not None
             for layer in range(wire.num_exchange_layers):
                 for stage in range(step.num_stages):
-                    batch = conn.recv_hidden(step, layer, stage)
+                    batch = conn.ffn.recv(step, layer, stage)
                     assert batch.hidden.shape[0] == sum(batch.splits)
-                    conn.send_output(batch, ffn_function(batch.hidden, layer, batch.router_logits))
+                    conn.ffn.send(batch, ffn_function(batch.hidden, layer, batch.router_logits))
             steps.append(step.attention_ranks)
             payloads -= len(step.attention_ranks)
     finally:
@@ -159,15 +161,14 @@ def run_attention(
     try:
         for i, stage_counts in enumerate(counts):
             step = first_step + i
-            conn.control_plane.send_step(payload(rank, step, stage_counts))
+            conn.attention.begin_step(payload(rank, step, stage_counts))
             if syncs is not None and i == 0:
                 syncs[conn.topology.ffn_rank_of(rank)].first_sent.release()
             for layer in range(wire.num_exchange_layers):
                 for stage, n in enumerate(stage_counts):
                     hidden, logits = attention_inputs(rank, step, layer, stage, n, wire)
-                    header = a2f_header(step, layer, stage, n, rank, wire)
-                    conn.send_hidden(header, hidden, logits)
-                    out = conn.recv_output(header, torch.empty_like(hidden))
+                    conn.attention.send(layer, stage, hidden, router_logits=logits)
+                    out = conn.attention.recv(layer, stage)
                     expected = ffn_function(hidden, layer, logits)
                     assert torch.equal(out, expected), (rank, step, layer, stage)
                     checked += n
@@ -262,8 +263,8 @@ def test_missing_rank_is_reported_after_the_timeout(ranks, port):
 def ffn_expecting_layer_0(port: int) -> None:
     conn = connect("ffn", 0, port, 1, 1)
     try:
-        step = conn.control_plane.recv_step()
-        conn.recv_hidden(step, 0, 0)
+        step = conn.ffn.next_step()
+        conn.ffn.recv(step, 0, 0)
     finally:
         conn.close()
 
@@ -271,11 +272,9 @@ def ffn_expecting_layer_0(port: int) -> None:
 def attention_sending_layer_1(port: int) -> None:
     conn = connect("attention", 0, port, 1, 1)
     try:
-        conn.control_plane.send_step(payload(0, 5, (2,)))
-        header = a2f_header(5, 1, 0, 2, 0, WIRE)
-        hidden = torch.ones(2, WIRE.hidden_size)
-        conn.send_hidden(header, hidden)
-        conn.recv_output(header, torch.empty_like(hidden))
+        conn.attention.begin_step(payload(0, 5, (2,)))
+        conn.attention.send(1, 0, torch.ones(2, WIRE.hidden_size))
+        conn.attention.recv(1, 0)
     finally:
         conn.close()
 
@@ -297,10 +296,10 @@ def test_mispaired_layer_is_a_protocol_error_naming_both_views(ranks, port):
 
 def ffn_dying_at_layer_1(port: int) -> None:
     conn = connect("ffn", 0, port, 1, 1)
-    step = conn.control_plane.recv_step()
-    batch = conn.recv_hidden(step, 0, 0)
-    conn.send_output(batch, ffn_function(batch.hidden, 0, None))
-    conn.recv_hidden(step, 1, 0)
+    step = conn.ffn.next_step()
+    batch = conn.ffn.recv(step, 0, 0)
+    conn.ffn.send(batch, ffn_function(batch.hidden, 0, None))
+    conn.ffn.recv(step, 1, 0)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -327,7 +326,7 @@ def ffn_closed_by_another_thread(port: int) -> float:
         conn.close()
 
     threading.Thread(target=close_later).start()
-    assert conn.control_plane.recv_step() is None
+    assert conn.ffn.next_step() is None
     return time.monotonic() - closed_at[0]
 
 
@@ -342,18 +341,19 @@ def test_close_from_another_thread_wakes_recv_step(ranks, port):
     ranks.start("attn", idle_attention, port)
     out = ranks.join(30)
     assert out["ffn"].ok, out["ffn"]
-    assert out["ffn"].value < 1.0
+    # Woken within milliseconds; without the wake-up it would wait for the peer (20 s).
+    assert out["ffn"].value < 5.0
 
 
 def silent_ffn(port: int, release: Any) -> str:
     """Takes one layer from the attention rank, never answers, then sees it leave."""
     conn = connect("ffn", 0, port, 1, 1)
     try:
-        step = conn.control_plane.recv_step()
-        conn.recv_hidden(step, 0, 0)
+        step = conn.ffn.next_step()
+        conn.ffn.recv(step, 0, 0)
         assert release.wait(20)
         try:
-            conn.control_plane.recv_step()
+            conn.ffn.next_step()
         except Exception as exc:
             return f"{type(exc).__name__}: {exc}"
         return "no error"
@@ -370,19 +370,18 @@ def attention_closed_while_waiting(port: int, release: Any) -> tuple[str, float]
         closed_at.append(time.monotonic())
         conn.close()
 
-    conn.control_plane.send_step(payload(0, 0, (2,)))
-    header = a2f_header(0, 0, 0, 2, 0, WIRE)
-    conn.send_hidden(header, torch.zeros(2, WIRE.hidden_size))
+    conn.attention.begin_step(payload(0, 0, (2,)))
+    conn.attention.send(0, 0, torch.zeros(2, WIRE.hidden_size))
     threading.Thread(target=close_later).start()
     try:
-        conn.recv_output(header, torch.empty(2, WIRE.hidden_size))
+        conn.attention.recv(0, 0)
     except Exception as exc:
         release.set()
         return type(exc).__name__, time.monotonic() - closed_at[0]
     return "no error", 0.0
 
 
-def test_close_wakes_recv_output_and_the_ffn_learns_the_attention_rank_left(ranks, port):
+def test_close_wakes_recv_and_the_ffn_learns_the_attention_rank_left(ranks, port):
     release = ranks.context.Event()
     ranks.start("ffn", silent_ffn, port, release)
     ranks.start("attn", attention_closed_while_waiting, port, release)
@@ -390,7 +389,7 @@ def test_close_wakes_recv_output_and_the_ffn_learns_the_attention_rank_left(rank
     assert out["attn"].ok, out["attn"]
     error_type, woke_after = out["attn"].value
     assert error_type == "AFDShutdown"
-    assert woke_after < 1.0
+    assert woke_after < 5.0  # milliseconds in practice; the wait's own bound is 20 s
     assert out["ffn"].value.startswith(
         "AFDPeerError: AFD: attention rank 0 (world rank 1) closed the connection"
     ), out["ffn"].value
@@ -399,8 +398,8 @@ def test_close_wakes_recv_output_and_the_ffn_learns_the_attention_rank_left(rank
 def stalled_ffn(port: int) -> None:
     conn = connect("ffn", 0, port, 1, 1)
     try:
-        step = conn.control_plane.recv_step()
-        conn.recv_hidden(step, 0, 0)
+        step = conn.ffn.next_step()
+        conn.ffn.recv(step, 0, 0)
         time.sleep(5)
     finally:
         conn.close()
@@ -453,30 +452,48 @@ def test_close_during_initialize_stops_the_rendezvous(ranks, port, role):
     assert out[role].ok, out[role]
     error_type, took, port_free = out[role].value
     assert error_type == "AFDShutdown"
-    assert took < 1.5
+    assert took < 5.0  # half a second in practice; the rendezvous's own bound is 20 s
     assert port_free
 
 
 # Graph steps (header-less messages) over real gloo ---------------------------------------
 # Nothing is captured on CPU: the attention ranks run their calls of a capture step eagerly,
-# which moves the data a replay of the captured graph would move.
+# which moves the data a replay of the captured graph would move. The gloo connector has
+# no graph steps; this one is composed of the same public parts plus a replay guard that
+# only records (nothing runs on a device).
+
+
+class GlooWithGraphSteps(Connector):
+    """afd-core's P2P parts over gloo, with a recording replay guard."""
+
+    name = "P2pGlooAFDConnector"
+
+    def connect(self) -> ConnectorParts:
+        guard = RecordingReplayGuard()
+        return open_p2p(self, gloo_data_transport, lambda connector, world: guard)
+
+
+def connect_graph(role: str, rank: int, port: int) -> GlooWithGraphSteps:
+    conn = GlooWithGraphSteps(config(role, port, 2, 1, gate=True), rank, GATE_WIRE)
+    conn.initialize()
+    return conn
 
 
 def graph_ffn(port: int, payloads: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     """FFN rank of two attention ranks: serve graph steps into caller-owned buffers until
     ``payloads`` payloads were served; return (ranks, token counts) of every step."""
-    conn = connect("ffn", 0, port, 2, 1, GATE_WIRE)
+    conn = connect_graph("ffn", 0, port)
     served: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
     try:
         while sum(len(ranks) for ranks, _ in served) < payloads:
-            step = conn.control_plane.recv_step()
+            step = conn.ffn.next_step()
             assert step.is_graph_step
             rows = sum(step.stage_tokens(0))
             hidden = torch.empty(rows, GATE_WIRE.hidden_size, dtype=torch.bfloat16)
             logits = torch.empty(rows, GATE_WIRE.router_logits_width)
             for layer in range(LAYERS):
-                conn.recv_hidden_into(step, layer, 0, hidden, logits)
-                conn.send_output_from(step, layer, 0, ffn_function(hidden, layer, logits))
+                conn.ffn.recv_into(step, layer, 0, hidden, logits)
+                conn.ffn.send_from(step, layer, 0, ffn_function(hidden, layer, logits))
             served.append((step.attention_ranks, step.stage_tokens(0)))
     finally:
         conn.close()
@@ -485,11 +502,11 @@ def graph_ffn(port: int, payloads: int) -> list[tuple[tuple[int, ...], tuple[int
 
 def graph_attention(port: int, rank: int, counts: list[int]) -> int:
     """Attention rank: capture-step payloads, header-less exchanges, exact results."""
-    conn = connect("attention", rank, port, 2, 1, GATE_WIRE)
+    conn = connect_graph("attention", rank, port)
     exchanged = 0
     try:
         for step, n in enumerate(counts):
-            conn.control_plane.send_step(
+            conn.attention.begin_step(
                 ControlPayload(
                     step,
                     rank,
@@ -500,9 +517,8 @@ def graph_attention(port: int, rank: int, counts: list[int]) -> int:
             )
             for layer in range(LAYERS):
                 hidden, logits = attention_inputs(rank, step, layer, 0, n, GATE_WIRE)
-                header = a2f_header(step, layer, 0, n, rank, GATE_WIRE)
-                conn.send_hidden(header, hidden, logits)
-                out = conn.recv_output(header, torch.empty_like(hidden))
+                conn.attention.send(layer, 0, hidden, router_logits=logits)
+                out = conn.attention.recv(layer, 0)
                 assert torch.equal(out, ffn_function(hidden, layer, logits)), (step, layer)
                 exchanged += 1
     finally:

@@ -29,7 +29,7 @@ import torch
 from afd_core.config import parse_afd_config
 from afd_core.connector import Connector, WireSpec
 from afd_core.errors import AFDConfigError
-from afd_core.metadata import AFDDPMetadata, ControlPayload, TransferHeader
+from afd_core.metadata import AFDDPMetadata, ControlPayload
 from afd_core.plugins import get_plugin_manager
 from afd_core.registry import get_registry
 
@@ -71,18 +71,26 @@ attn.initialize()
 ffn.initialize()
 hidden = torch.arange(12, dtype=torch.float32).reshape(3, 4)
 payload = ControlPayload(step_id=7, sender_rank=0, stages=(AFDDPMetadata(0, (3,)),))
-attn.control_plane.send_step(payload)
-a2f = TransferHeader("a2f", 7, 0, 0, 3, "float32", 4, sender_rank=0)
-attn.send_hidden(a2f, hidden)
-step = ffn.control_plane.recv_step()
-batch = ffn.recv_hidden(step, layer=0, stage=0)
-ffn.send_output(batch, batch.hidden * 2)
-f2a = TransferHeader("f2a", 7, 0, 0, 3, "float32", 4, sender_rank=0)
-result = attn.recv_output(f2a, torch.empty(3, 4))
+attn.attention.begin_step(payload)
+attn.attention.send(0, 0, hidden)
+step = ffn.ffn.next_step()
+batch = ffn.ffn.recv(step, layer=0, stage=0)
+ffn.ffn.send(batch, batch.hidden * 2)
+result = attn.attention.recv(0, 0)
 out["round_trip_ok"] = bool(torch.equal(result, hidden * 2))
 out["step"] = [step.attention_ranks, step.tokens]
+# A mispaired layer: the FFN side checks the header it receives.
+attn.attention.send(1, 0, hidden)
+try:
+    ffn.ffn.recv(step, layer=0, stage=0)
+    out["mispaired"] = None
+except Exception as exc:
+    out["mispaired"] = f"{type(exc).__name__}: {exc}"
 ffn.close()
-out["recv_step_after_close"] = ffn.control_plane.recv_step()
+try:
+    out["next_step_after_close"] = ffn.ffn.next_step()
+except Exception as exc:
+    out["next_step_after_close"] = type(exc).__name__
 attn.close()
 out["channels_after_close"] = len(module._channels)
 print(json.dumps(out))
@@ -162,5 +170,10 @@ def test_spec_loads_a_connector_subclass_and_construction_creates_no_resources(
 def test_connector_exchanges_one_layer_and_shuts_down_cleanly(seen: dict[str, Any]) -> None:
     assert seen["step"] == [[0], [[3]]]
     assert seen["round_trip_ok"] is True
-    assert seen["recv_step_after_close"] is None
+    assert seen["next_step_after_close"] == "AFDShutdown"
+
+
+def test_the_connector_checks_every_header_it_receives(seen: dict[str, Any]) -> None:
+    assert seen["mispaired"].startswith("AFDProtocolError: AFD data: a a2f message differs")
+    assert "layer: received 1, expected 0" in seen["mispaired"]
     assert seen["channels_after_close"] == 0

@@ -11,7 +11,7 @@ import socket
 import pytest
 
 from afd_core.config import AFDConfig
-from afd_core.connector import Connector, ControlPlane, WireSpec
+from afd_core.connector import AttentionEndpoint, Connector, ConnectorParts, WireSpec
 from afd_core.connectors.gloo import P2pGlooAFDConnector
 from afd_core.errors import AFDConfigError, AFDShutdown
 from afd_core.launch import free_ports
@@ -23,6 +23,19 @@ def config(role: str = "attention", **kw) -> AFDConfig:
     return AFDConfig(role=role, connector="P2pGlooAFDConnector", **kw)
 
 
+class NullEndpoint(AttentionEndpoint):
+    """An attention endpoint that exchanges nothing (the defaults are what is tested)."""
+
+    def begin_step(self, payload) -> None:
+        raise NotImplementedError
+
+    def send(self, layer, stage, hidden, *, router_logits=None, routing=None) -> None:
+        raise NotImplementedError
+
+    def recv(self, layer, stage):
+        raise NotImplementedError
+
+
 class RecordingConnector(Connector):
     """The smallest complete connector: records life-cycle calls."""
 
@@ -32,27 +45,9 @@ class RecordingConnector(Connector):
         super().__init__(*args, **kwargs)
         self.calls: list[str] = []
 
-    def _initialize(self) -> None:
-        self.calls.append("initialize")
-
-    def _close(self) -> None:
-        self.calls.append("close")
-
-    @property
-    def control_plane(self) -> ControlPlane:
-        raise NotImplementedError
-
-    def send_hidden(self, header, hidden, router_logits=None) -> None:
-        raise NotImplementedError
-
-    def recv_output(self, header, out):
-        raise NotImplementedError
-
-    def recv_hidden(self, step, layer, stage):
-        raise NotImplementedError
-
-    def send_output(self, batch, output) -> None:
-        raise NotImplementedError
+    def connect(self) -> ConnectorParts:
+        self.calls.append("connect")
+        return ConnectorParts(NullEndpoint(), (lambda: self.calls.append("shutdown"),))
 
 
 def test_close_before_initialize_is_safe_and_idempotent():
@@ -61,16 +56,18 @@ def test_close_before_initialize_is_safe_and_idempotent():
     conn.close()
     conn.close()
     assert conn.is_closed and not conn.is_initialized
-    assert conn.calls == ["close", "close"]
+    assert conn.calls == []
 
 
 def test_initialize_runs_once_and_close_undoes_it():
     conn = RecordingConnector(config(), 0, WIRE)
     conn.initialize()
     conn.initialize()
-    assert conn.is_initialized and conn.calls == ["initialize"]
+    assert conn.is_initialized and conn.calls == ["connect"]
+    conn.close()
     conn.close()
     assert not conn.is_initialized
+    assert conn.calls == ["connect", "shutdown"]
 
 
 def test_a_closed_connector_cannot_be_initialized_again():
@@ -114,20 +111,12 @@ def test_gloo_connector_construction_opens_nothing(role):
 def test_gloo_connector_refuses_data_before_initialize_and_after_close():
     conn = P2pGlooAFDConnector(config(), 0, WIRE)
     with pytest.raises(RuntimeError, match="call initialize"):
-        conn.send_hidden(None, None)
-    with pytest.raises(RuntimeError, match="call initialize"):
-        conn.control_plane.send_step(None)
+        conn.attention.send(0, 0, None)
+    with pytest.raises(RuntimeError, match="the ffn endpoint is for the ffn role"):
+        conn.ffn.next_step()
     conn.close()
     with pytest.raises(AFDShutdown):
-        conn.recv_output(None, None)
-    with pytest.raises(AFDShutdown):
-        conn.control_plane.send_step(None)
-
-
-def test_gloo_ffn_recv_step_returns_none_once_closed():
-    conn = P2pGlooAFDConnector(config("ffn"), 0, WIRE)
-    conn.close()
-    assert conn.control_plane.recv_step() is None
+        conn.attention.recv(0, 0)
 
 
 def test_gloo_connector_rejects_a_dtype_it_cannot_send():
@@ -135,11 +124,22 @@ def test_gloo_connector_rejects_a_dtype_it_cannot_send():
         P2pGlooAFDConnector(config(), 0, WireSpec(8, "float64", 1))
 
 
-def test_a_connector_without_graph_steps_refuses_them_but_may_enter_a_capture_routine():
-    conn = RecordingConnector(config(), 0, WIRE)
-    with conn.graph_capture():  # vLLM may run a capture routine that captures nothing
+def test_an_endpoint_without_graph_steps_refuses_them_but_may_enter_a_capture_routine():
+    endpoint = NullEndpoint()
+    with endpoint.graph_capture():  # vLLM may run a capture routine that captures nothing
         pass
     with pytest.raises(NotImplementedError, match="does not support CUDA graph steps"):
-        conn.watch_graph_replay(0)
-    with pytest.raises(NotImplementedError, match="does not support CUDA graph steps"):
-        conn.wait_for_stream("a replay")
+        endpoint.watch_graph_replay(0)
+
+
+def test_a_connector_closed_while_connecting_takes_its_parts_down():
+    class ClosedMidway(RecordingConnector):
+        def connect(self) -> ConnectorParts:
+            parts = super().connect()
+            self.fuse.close()  # what close() on another thread does before it waits
+            return parts
+
+    conn = ClosedMidway(config(), 0, WIRE)
+    with pytest.raises(AFDShutdown, match="closed during initialize"):
+        conn.initialize()
+    assert conn.calls == ["connect", "shutdown"]

@@ -2,7 +2,7 @@
 
 No torch, no vLLM: a :class:`FakeTensor` has a shape and a dtype name; the
 :class:`RecordingConnector` implements the :class:`~afd_core.connector.Connector` contract
-in memory and records every call in ``events``.
+in memory (its endpoints record every call in the connector's ``events``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from afd_core.config import AFDConfig
-from afd_core.connector import Connector, ControlPlane, FFNLayerBatch, FFNStep, WireSpec
+from afd_core.connector import (
+    AttentionEndpoint,
+    Connector,
+    ConnectorParts,
+    ExpertRouting,
+    FFNEndpoint,
+    FFNLayerBatch,
+    FFNStep,
+    WireSpec,
+)
 from afd_core.errors import AFDShutdown
-from afd_core.metadata import ControlPayload, TransferHeader
+from afd_core.metadata import ControlPayload
 
 WIRE = WireSpec(hidden_size=8, dtype="bfloat16", num_exchange_layers=3)
 
@@ -42,11 +51,6 @@ class FakeTensor:
         return self if device == self.device else FakeTensor(self.shape, self.dtype, device=device)
 
 
-def new_fake_output(hidden: FakeTensor) -> FakeTensor:
-    """The ``new_output`` of a StepDriver under test: a fresh FakeTensor like ``hidden``."""
-    return FakeTensor(hidden.shape, hidden.dtype)
-
-
 def make_config(role: str = "attention", *, attention: int = 1, ffn: int = 1) -> AFDConfig:
     return AFDConfig(
         role=role,  # type: ignore[arg-type]
@@ -56,27 +60,79 @@ def make_config(role: str = "attention", *, attention: int = 1, ffn: int = 1) ->
     )
 
 
-class _ControlPlane(ControlPlane):
+class _RecordingAttention(AttentionEndpoint):
+    def __init__(self, owner: RecordingConnector) -> None:
+        self._owner = owner
+        self._sent: dict[int, Any] = {}
+
+    def begin_step(self, payload: ControlPayload) -> None:
+        self._owner.events.append(("begin_step", payload))
+
+    def send(
+        self,
+        layer: int,
+        stage: int,
+        hidden: Any,
+        *,
+        router_logits: Any | None = None,
+        routing: ExpertRouting | None = None,
+    ) -> None:
+        self._owner.events.append(("send", layer, stage, hidden, router_logits, routing))
+        self._sent[stage] = hidden
+
+    def recv(self, layer: int, stage: int) -> Any:
+        self._owner.events.append(("recv", layer, stage))
+        hidden = self._sent.pop(stage)
+        return FakeTensor(hidden.shape, hidden.dtype)
+
+    def watch_graph_replay(self, step_id: int) -> None:
+        self._owner.events.append(("watch_graph_replay", step_id))
+
+    @contextmanager
+    def graph_capture(self) -> Iterator[None]:
+        self._owner.events.append(("graph_capture", "enter"))
+        yield
+        self._owner.events.append(("graph_capture", "exit"))
+
+
+class _RecordingFFN(FFNEndpoint):
     def __init__(self, owner: RecordingConnector) -> None:
         self._owner = owner
 
-    def send_step(self, payload: ControlPayload) -> None:
-        self._owner.events.append(("send_step", payload))
-
-    def recv_step(self) -> FFNStep | None:
-        # Polls the closed flag, as the Connector contract asks of blocking waits.
+    def next_step(self) -> FFNStep | None:
+        # Polls the closed flag, as the contract asks of blocking waits.
+        owner = self._owner
         while True:
             try:
-                item = self._owner.steps.get(timeout=0.01)
+                item = owner.steps.get(timeout=0.01)
                 break
             except queue.Empty:
-                if self._owner.is_closed:
+                if owner.is_closed:
                     return None
         if item is None:
             return None
         if isinstance(item, BaseException):
             raise item
         return item
+
+    def recv(self, step: FFNStep, layer: int, stage: int) -> FFNLayerBatch:
+        owner = self._owner
+        if owner.fail_recv is not None:
+            raise owner.fail_recv
+        if owner.is_closed:
+            raise AFDShutdown("closed")
+        counts = step.stage_tokens(stage)
+        owner.events.append(("ffn_recv", step.payloads[0].step_id, layer, stage))
+        return FFNLayerBatch(
+            step=step,
+            layer=layer,
+            stage=stage,
+            hidden=FakeTensor((sum(counts), owner.wire.hidden_size)),
+            splits=counts,
+        )
+
+    def send(self, batch: FFNLayerBatch, output: Any) -> None:
+        self._owner.events.append(("ffn_send", batch.step.payloads[0].step_id, batch.layer, output))
 
 
 class FakeStream:
@@ -93,9 +149,9 @@ class RecordingConnector(Connector):
     """A connector that records calls and serves queued FFN steps.
 
     FFN side: put :class:`FFNStep` objects (or an exception to raise) into ``steps``;
-    ``recv_step`` blocks until one arrives and returns ``None`` for a queued ``None`` or
-    once closed.
-    ``fail_recv_hidden`` makes ``recv_hidden`` raise that exception.
+    ``ffn.next_step`` blocks until one arrives and returns ``None`` for a queued ``None``
+    or once closed. ``fail_recv`` makes ``ffn.recv`` raise that exception. The attention
+    role's endpoint is usable without ``initialize()`` (the role tests skip it).
     """
 
     name = "Recording"
@@ -104,57 +160,25 @@ class RecordingConnector(Connector):
         super().__init__(config, role_rank, wire)
         self.events: list[tuple[Any, ...]] = []
         self.steps: queue.Queue[Any] = queue.Queue()
-        self.fail_recv_hidden: BaseException | None = None
+        self.fail_recv: BaseException | None = None
         self.closed_from: list[str] = []
-        self._control = _ControlPlane(self)
+        self._attention = _RecordingAttention(self)
+        self._ffn = _RecordingFFN(self)
 
-    def _initialize(self) -> None:
+    def connect(self) -> ConnectorParts:
         self.events.append(("initialize",))
-
-    def _close(self) -> None:
-        self.closed_from.append(threading.current_thread().name)
-
-    @property
-    def control_plane(self) -> ControlPlane:
-        return self._control
-
-    def send_hidden(
-        self, header: TransferHeader, hidden: Any, router_logits: Any | None = None
-    ) -> None:
-        self.events.append(("send_hidden", header, hidden, router_logits))
-
-    def recv_output(self, header: TransferHeader, out: Any) -> Any:
-        self.events.append(("recv_output", header, out))
-        return out
-
-    def watch_graph_replay(self, step_id: int) -> None:
-        self.events.append(("watch_graph_replay", step_id))
-
-    @contextmanager
-    def graph_capture(self) -> Iterator[None]:
-        self.events.append(("graph_capture", "enter"))
-        yield
-        self.events.append(("graph_capture", "exit"))
-
-    def recv_hidden(self, step: FFNStep, layer: int, stage: int) -> FFNLayerBatch:
-        if self.fail_recv_hidden is not None:
-            raise self.fail_recv_hidden
-        if self.is_closed:
-            raise AFDShutdown("closed")
-        counts = step.stage_tokens(stage)
-        self.events.append(("recv_hidden", step.payloads[0].step_id, layer, stage))
-        return FFNLayerBatch(
-            step=step,
-            layer=layer,
-            stage=stage,
-            hidden=FakeTensor((sum(counts), self.wire.hidden_size)),
-            router_logits=None,
-            splits=counts,
-            headers=(),
+        endpoint = self._attention if self.config.role == "attention" else self._ffn
+        return ConnectorParts(
+            endpoint, (lambda: self.closed_from.append(threading.current_thread().name),)
         )
 
-    def send_output(self, batch: FFNLayerBatch, output: Any) -> None:
-        self.events.append(("send_output", batch.step.payloads[0].step_id, batch.layer, output))
+    @property
+    def attention(self) -> AttentionEndpoint:
+        return self._attention
+
+    @property
+    def ffn(self) -> FFNEndpoint:
+        return self._ffn
 
     def calls(self, kind: str) -> list[tuple[Any, ...]]:
         """The recorded events of one kind, without the kind."""

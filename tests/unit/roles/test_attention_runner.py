@@ -15,7 +15,6 @@ from tests.unit.roles.fakes import (
     FakeTensor,
     RecordingConnector,
     make_config,
-    new_fake_output,
 )
 
 
@@ -70,14 +69,13 @@ def make_runner() -> tuple[AFDRunner, RecordingConnector]:
         WIRE,
         0,
         step_slot=lambda: runner.forward_kwargs,
-        new_output=new_fake_output,
         is_capturing=runner.stream.is_capturing,
     )
     return runner, connector
 
 
 def payloads(connector: RecordingConnector) -> list[Any]:
-    return [c[0] for c in connector.calls("send_step")]
+    return [c[0] for c in connector.calls("begin_step")]
 
 
 def test_model_forward_begins_a_scheduled_step_with_the_input_token_count():
@@ -143,7 +141,7 @@ def test_a_capture_dummy_run_is_a_capture_step_of_a_graph():
     runner._dummy_run(8, is_graph_capturing=True)
     (payload,) = payloads(connector)
     assert payload.is_graph_capturing and payload.is_graph_step and not payload.is_warmup
-    assert len(connector.calls("send_hidden")) == WIRE.num_exchange_layers
+    assert len(connector.calls("send")) == WIRE.num_exchange_layers
 
 
 def test_a_full_graph_replay_is_announced_before_it_runs_and_then_watched():
@@ -154,7 +152,7 @@ def test_a_full_graph_replay_is_announced_before_it_runs_and_then_watched():
     (payload,) = payloads(connector)
     assert payload.is_graph_step and not payload.is_graph_capturing
     assert payload.tokens_of(0) == (4,)
-    assert [event[0] for event in connector.events] == ["send_step", "watch_graph_replay"]
+    assert [event[0] for event in connector.events] == ["begin_step", "watch_graph_replay"]
     assert connector.events[-1] == ("watch_graph_replay", 0)
     runner.replaying = False
     runner.forward_kwargs = {}

@@ -15,7 +15,6 @@ from tests.unit.roles.fakes import (
     FakeTensor,
     RecordingConnector,
     make_config,
-    new_fake_output,
 )
 
 
@@ -68,7 +67,6 @@ def make_runner() -> tuple[AFDRunnerV2, RecordingConnector]:
         WIRE,
         0,
         step_slot=lambda: runner.forward_kwargs,
-        new_output=new_fake_output,
         is_capturing=runner.stream.is_capturing,
     )
     return runner, connector
@@ -77,7 +75,7 @@ def make_runner() -> tuple[AFDRunnerV2, RecordingConnector]:
 def flags_sent(connector: RecordingConnector) -> list[tuple[int, StepFlags]]:
     return [
         (p.tokens_of(0)[0], StepFlags(p.is_warmup, p.is_graph_capturing, p.is_profile))
-        for (p,) in connector.calls("send_step")
+        for (p,) in connector.calls("begin_step")
     ]
 
 
@@ -118,7 +116,7 @@ def test_graph_capture_forwards_are_capture_steps_and_later_forwards_are_schedul
         (2, capture),
         (1, StepFlags()),
     ]
-    graph_steps = [c[0].is_graph_step for c in connector.calls("send_step")]
+    graph_steps = [c[0].is_graph_step for c in connector.calls("begin_step")]
     assert graph_steps == [False, True, False, True, False]
 
 
@@ -146,7 +144,7 @@ def test_capture_model_makes_every_full_graph_replay_announced_and_watched():
     connector.events.clear()
     assert manager.run_fullgraph(Desc(8)) == "replayed"
     assert manager.replayed == [8]
-    ((payload,),) = connector.calls("send_step")
+    ((payload,),) = connector.calls("begin_step")
     assert payload.is_graph_step and not payload.is_graph_capturing
     assert payload.tokens_of(0) == (8,) and payload.step_id == 8
     assert connector.events[-1] == ("watch_graph_replay", 8)

@@ -22,23 +22,30 @@ from afd_ffn.stats import FFNStats  # noqa: E402
 WIRE = WireSpec(hidden_size=4, dtype="float32", num_exchange_layers=2)
 
 
-class FakeConnector:
+class FakeFFNEndpoint:
     """Delivers ``layer + 1`` in every input row; records sends and stream waits."""
-
-    wire = WIRE
 
     def __init__(self) -> None:
         self.sent: list[tuple[int, Any]] = []
         self.waits: list[str] = []
 
-    def recv_hidden_into(self, step, layer, stage, hidden, router_logits) -> None:
+    def recv_into(self, step, layer, stage, hidden, router_logits) -> None:
         hidden.fill_(float(layer + 1))
 
-    def send_output_from(self, step, layer, stage, output) -> None:
+    def send_from(self, step, layer, stage, output) -> None:
         self.sent.append((layer, output.clone()))
 
     def wait_for_stream(self, what: str) -> None:
         self.waits.append(what)
+
+
+class FakeConnector:
+    """A connector whose FFN endpoint is a :class:`FakeFFNEndpoint` (``ffn``)."""
+
+    wire = WIRE
+
+    def __init__(self) -> None:
+        self.ffn = FakeFFNEndpoint()
 
 
 class Doubler:
@@ -83,13 +90,13 @@ def make(max_graphs: int) -> tuple[FFNStepGraphs, FakeConnector, FFNStats]:
 def test_without_a_cache_capture_steps_move_nothing_and_graph_steps_run_eagerly():
     graphs, connector, stats = make(0)
     graphs.serve(graph_step(0, 3, capturing=True))
-    assert connector.sent == [] and stats.graphs_captured == 0
+    assert connector.ffn.sent == [] and stats.graphs_captured == 0
     graphs.serve(graph_step(1, 3))
-    assert [(layer, out.shape) for layer, out in connector.sent] == [
+    assert [(layer, out.shape) for layer, out in connector.ffn.sent] == [
         (0, (3, 4)),
         (1, (3, 4)),
     ]
-    assert torch.equal(connector.sent[1][1], torch.full((3, 4), 4.0))
+    assert torch.equal(connector.ffn.sent[1][1], torch.full((3, 4), 4.0))
     assert stats.graph_steps_eager == 1 and stats.graph_replays == 0
 
 
@@ -104,8 +111,8 @@ def test_cached_shapes_replay_and_the_least_recently_used_is_dropped():
     graphs.serve(graph_step(5, 4))
     assert stats.graphs_captured == 3
     assert stats.graph_replays == 2 and stats.graph_steps_eager == 1
-    assert len(connector.waits) == 2  # every replay is waited for, bounded
-    assert connector.sent and all(layer in (0, 1) for layer, _ in connector.sent)
+    assert len(connector.ffn.waits) == 2  # every replay is waited for, bounded
+    assert connector.ffn.sent and all(layer in (0, 1) for layer, _ in connector.ffn.sent)
 
 
 def test_a_capture_step_of_a_cached_shape_captures_nothing_new():

@@ -53,13 +53,13 @@ class Harness:
 def test_each_step_computes_every_layer_of_every_stage_in_order_and_sends_it_back():
     h = Harness()
     h.run_until_closed(ffn_step(0, 5), ffn_step(1, 1, 2))
-    assert h.connector.calls("recv_hidden") == [
+    assert h.connector.calls("ffn_recv") == [
         (0, 0, 0), (0, 1, 0), (0, 2, 0),
         (1, 0, 0), (1, 1, 0), (1, 2, 0),
         (1, 0, 1), (1, 1, 1), (1, 2, 1),
     ]  # fmt: skip
     assert h.model.calls[:3] == [(0, (5, 8)), (1, (5, 8)), (2, (5, 8))]
-    sent = h.connector.calls("send_output")
+    sent = h.connector.calls("ffn_send")
     assert [s[:2] for s in sent[:3]] == [(0, 0), (0, 1), (0, 2)]
     assert sent[0][2] == ("ffn", 0, (5, 8))
     assert h.connector.events[0] == ("initialize",)
@@ -133,7 +133,7 @@ def test_stop_wakes_a_server_waiting_for_a_step():
 )
 def test_a_connector_error_is_recorded_closes_the_connector_and_reports_the_failure(exc):
     h = Harness()
-    h.connector.fail_recv_hidden = exc
+    h.connector.fail_recv = exc
     h.run_until_closed(ffn_step(0, 3))
     assert h.server.error is exc and h.failures == [exc]
     assert h.connector.closed_from == [THREAD_NAME]
@@ -155,7 +155,7 @@ def test_a_bad_control_payload_fails_the_server():
 
 def test_errors_after_stop_was_requested_are_not_failures():
     h = Harness()
-    h.connector.fail_recv_hidden = AFDPeerError("connection reset while closing")
+    h.connector.fail_recv = AFDPeerError("connection reset while closing")
     h.server._stopping.set()
     h.run_until_closed(ffn_step(0, 1))
     assert h.server.error is None and h.failures == []

@@ -1,4 +1,4 @@
-"""StepDriver: step numbering, control payloads, per-layer headers and protocol checks."""
+"""StepDriver: step numbering, control payloads, per-layer exchanges and protocol checks."""
 
 from __future__ import annotations
 
@@ -9,14 +9,13 @@ import pytest
 
 from afd_attention.step_driver import METADATA_KEY, SCHEDULED, WARMUP, StepDriver, StepFlags
 from afd_core.errors import AFDProtocolError
-from afd_core.metadata import AFDDPMetadata, ControlPayload, TransferHeader
+from afd_core.metadata import AFDDPMetadata, ControlPayload
 from tests.unit.roles.fakes import (
     WIRE,
     FakeStream,
     FakeTensor,
     RecordingConnector,
     make_config,
-    new_fake_output,
 )
 
 
@@ -45,7 +44,6 @@ def make_driver(
         role_rank,
         exchange_layers=layers,
         step_slot=lambda: forwards[-1].kwargs,
-        new_output=new_fake_output,
         is_capturing=stream.is_capturing,
     )
     return driver, connector, forwards
@@ -60,28 +58,21 @@ def test_begin_step_sends_a_payload_with_this_ranks_tokens_and_installs_metadata
     metadata = driver.begin_step(5)
     assert forwards[-1].kwargs[METADATA_KEY] is metadata
     assert metadata.step_id == 0 and metadata.padded_lens == (5,)
-    (payload,) = [c[0] for c in connector.calls("send_step")]
+    (payload,) = [c[0] for c in connector.calls("begin_step")]
     assert payload == ControlPayload(
         step_id=0, sender_rank=2, stages=(AFDDPMetadata(first_rank=2, num_tokens=(5,)),)
     )
     assert not (payload.is_warmup or payload.is_profile or payload.is_graph_capturing)
 
 
-def test_exchange_sends_an_a2f_header_and_expects_the_reply_of_the_serving_ffn_rank():
-    # 4 attention ranks on 2 FFN ranks: attention rank 3 is served by FFN rank 1.
+def test_exchange_sends_the_layer_and_stage_and_receives_their_result():
     driver, connector, _ = make_driver(role_rank=3, attention=4, ffn=2)
     driver.begin_step(7)
     hidden = FakeTensor((7, 8))
     out = driver.exchange(hidden, None, 0)
-    (sent,) = connector.calls("send_hidden")
-    assert sent == (
-        TransferHeader("a2f", 0, 0, 0, 7, "bfloat16", 8, sender_rank=3),
-        hidden,
-        None,
-    )
-    (received,) = connector.calls("recv_output")
-    assert received[0] == TransferHeader("f2a", 0, 0, 0, 7, "bfloat16", 8, sender_rank=1)
-    assert received[1] is out
+    assert connector.calls("send") == [(0, 0, hidden, None, None)]
+    assert connector.calls("recv") == [(0, 0)]
+    assert out.shape == (7, 8) and out is not hidden
 
 
 def test_each_layer_returns_a_fresh_output_tensor():
@@ -98,15 +89,15 @@ def test_steps_are_numbered_one_after_another_across_forwards():
         forwards.append(Forward())
         driver.begin_step(tokens)
         run_layers(driver, tokens)
-    assert [c[0].step_id for c in connector.calls("send_step")] == [0, 1, 2]
-    assert [c[0].step_id for c in connector.calls("send_hidden")] == [0] * 3 + [1] * 3 + [2] * 3
+    assert [c[0].step_id for c in connector.calls("begin_step")] == [0, 1, 2]
+    assert [c[0] for c in connector.calls("send")] == [0, 1, 2] * 3
     assert driver.completed_steps == 3
 
 
 def test_a_forward_without_metadata_begins_a_warmup_step_from_the_hidden_states():
     driver, connector, forwards = make_driver()
     run_layers(driver, 2048)
-    (payload,) = [c[0] for c in connector.calls("send_step")]
+    (payload,) = [c[0] for c in connector.calls("begin_step")]
     assert payload.tokens_of(0) == (2048,)
     assert payload.is_warmup and not payload.is_profile
     assert forwards[-1].kwargs[METADATA_KEY].padded_lens == (2048,)
@@ -119,7 +110,7 @@ def test_dummy_flags_label_lazily_begun_steps_and_are_restored_afterwards():
         run_layers(driver, 16)
     forwards.append(Forward())
     run_layers(driver, 1)
-    first, second = [c[0] for c in connector.calls("send_step")]
+    first, second = [c[0] for c in connector.calls("begin_step")]
     assert first.is_profile and not first.is_warmup
     assert second.is_warmup and not second.is_profile
 
@@ -128,7 +119,7 @@ def test_explicit_begin_step_ignores_dummy_flags():
     driver, connector, _ = make_driver()
     with driver.dummy_flags(WARMUP):
         driver.begin_step(3, SCHEDULED)
-    (payload,) = [c[0] for c in connector.calls("send_step")]
+    (payload,) = [c[0] for c in connector.calls("begin_step")]
     assert not payload.is_warmup
 
 
@@ -162,21 +153,7 @@ def test_a_token_count_other_than_the_steps_is_a_protocol_error():
     driver.begin_step(5)
     with pytest.raises(AFDProtocolError, match=r"4 tokens where the step announced 5"):
         driver.exchange(FakeTensor((4, 8)), None, 0)
-    assert connector.calls("send_hidden") == []
-
-
-@pytest.mark.parametrize(
-    ("hidden", "message"),
-    [
-        (FakeTensor((2, 16)), "hidden size 16, wire spec 8"),
-        (FakeTensor((2, 8), dtype="torch.float32"), "dtype float32, wire spec bfloat16"),
-    ],
-)
-def test_hidden_states_that_differ_from_the_wire_spec_are_rejected(hidden, message):
-    driver, _, _ = make_driver()
-    driver.begin_step(2)
-    with pytest.raises(AFDProtocolError, match=message):
-        driver.exchange(hidden, None, 0)
+    assert connector.calls("send") == []
 
 
 def test_router_logits_travel_only_when_the_wire_spec_has_them():
@@ -186,16 +163,15 @@ def test_router_logits_travel_only_when_the_wire_spec_has_them():
         driver, connector, _ = make_driver(wire=wire)
         driver.begin_step(2)
         driver.exchange(FakeTensor((2, 8)), logits, 0)
-        (sent,) = connector.calls("send_hidden")
-        assert sent[0].logits_width == wire.router_logits_width
-        assert sent[2] is expected
+        (sent,) = connector.calls("send")
+        assert sent[3] is expected
 
 
 def test_custom_exchange_layers_are_checked_in_their_order():
     driver, connector, _ = make_driver(layers=(1, 3, 5))
     driver.begin_step(1)
     run_layers(driver, 1, layers=(1, 3, 5))
-    assert [c[0].layer for c in connector.calls("send_hidden")] == [1, 3, 5]
+    assert [c[0] for c in connector.calls("send")] == [1, 3, 5]
     assert driver.completed_steps == 1
 
 

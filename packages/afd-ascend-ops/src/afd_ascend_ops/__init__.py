@@ -2,4 +2,4 @@
 (AFD) as torch ops, with CPU reference kernels. torch comes from the environment.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -1,4 +1,4 @@
-"""``ReplayWatch``: bounds CUDA graph replays that the host does not wait for.
+"""``ReplayWatch`` and ``CudaReplayGuard``: bound CUDA graph replays the host does not wait for.
 
 The attention runner queues a graph replay and goes on; the replay's NCCL transfers wait
 on the device for the FFN rank. Should the FFN rank stop answering, nothing on the host
@@ -9,8 +9,11 @@ and aborts its transfers there, which ends the replay.
 
 The thread makes no CUDA call while nothing is pending or while it is paused
 (:meth:`ReplayWatch.pause`, around graph captures: vLLM captures in CUDA's global mode,
-which forbids event queries from any thread). Events only need ``query()``; torch is not
-imported here.
+which forbids event queries from any thread). Events only need ``query()``.
+
+:class:`CudaReplayGuard` is what the connectors hold (afd-core's
+:class:`~afd_core.graphs.ReplayGuard`): it records the events and drives a ReplayWatch.
+Importing this module imports no torch.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 #: Seconds between two polls of the oldest pending replay.
@@ -102,3 +106,82 @@ class ReplayWatch:
                 self._on_timeout(overrun)
                 return
             time.sleep(POLL_S)
+
+
+class CudaReplayGuard:
+    """afd-core's ``ReplayGuard`` on CUDA events: bounds the replays of one connector.
+
+    ``on_overrun(what)`` runs once a replay (or a stream wait) overruns ``timeout_s``:
+    the connector fails its fuse and interrupts its transport there, which ends the
+    pending transfers, so the stuck device work finishes and the next call raises.
+    ``name`` names the watch thread.
+    """
+
+    def __init__(self, timeout_s: float, on_overrun: Callable[[str], None], name: str) -> None:
+        import torch
+
+        self._torch = torch
+        self._timeout_s = timeout_s
+        self._on_overrun = on_overrun
+        self._name = name
+        self._watch: ReplayWatch | None = None
+        self._overrun = threading.Event()
+
+    def watch(self, step_id: int) -> None:
+        """Bound the replay of ``step_id`` just queued on the current stream."""
+        torch = self._torch
+        if self._watch is None:
+            self._watch = ReplayWatch(self._timeout_s, self._replay_overran, self._name)
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream())
+        self._watch.add(step_id, event)
+
+    def drain(self, before: str) -> None:
+        """Wait until every watched replay finished (bounded); report an overrun."""
+        watch = self._watch
+        if watch is None or not watch.pending():
+            return
+        deadline = time.monotonic() + self._timeout_s
+        if not watch.drain(deadline, self._overrun.is_set):
+            self._overrun_once(f"the CUDA graph replays before {before}")
+
+    @contextmanager
+    def capturing(self) -> Iterator[None]:
+        """Drain, then make no CUDA call from the watch thread until the capture ends."""
+        watch = self._watch
+        if watch is None:
+            yield
+            return
+        self.drain("a CUDA graph capture")
+        watch.pause()
+        try:
+            yield
+        finally:
+            watch.resume()
+
+    def wait_for_stream(self, what: str) -> None:
+        """Wait (bounded) until the current stream's queued work is done."""
+        torch = self._torch
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream())
+        deadline = time.monotonic() + self._timeout_s
+        while not event.query():
+            if self._overrun.is_set():
+                break
+            if time.monotonic() >= deadline:
+                self._overrun_once(what)
+                break
+            time.sleep(0)
+
+    def stop(self) -> None:
+        """End the watch thread (idempotent)."""
+        if self._watch is not None:
+            self._watch.stop()
+
+    def _replay_overran(self, step_id: int) -> None:
+        self._overrun_once(f"the CUDA graph replay of step {step_id}")
+
+    def _overrun_once(self, what: str) -> None:
+        if not self._overrun.is_set():
+            self._overrun.set()
+            self._on_overrun(what)

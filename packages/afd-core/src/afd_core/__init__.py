@@ -4,7 +4,7 @@ Configuration, topology, wire metadata, the connector contract, the plugin hooks
 and the ``afd`` command.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from afd_core.hookspecs import hookimpl
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from afd_core.errors import AFDConfigError, AFDShutdown
 from afd_core.failures import Fuse
-from afd_core.metadata import ControlPayload
+from afd_core.metadata import WIRE_DTYPES, ControlPayload
 
 if TYPE_CHECKING:
     import torch
@@ -313,6 +313,12 @@ class Connector(ABC):
     name: ClassVar[str] = ""
 
     def __init__(self, config: AFDConfig, role_rank: int, wire: WireSpec) -> None:
+        for dtype in (wire.dtype, wire.router_logits_dtype):
+            if dtype not in WIRE_DTYPES:
+                raise AFDConfigError(
+                    f"AFD wire: dtype {dtype!r} cannot travel on the wire; use one of "
+                    f"{sorted(WIRE_DTYPES)} (--dtype of both roles)"
+                )
         self.config = config
         self.role_rank = role_rank
         self.wire = wire
@@ -377,7 +383,7 @@ class Connector(ABC):
         """
         self.fuse.close()
         with self._lifecycle_lock:
-            parts = self._parts
+            parts, self._parts = self._parts, None
             if parts is not None:
                 _shut_down(parts)
 

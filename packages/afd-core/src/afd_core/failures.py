@@ -147,14 +147,18 @@ class PeerFailures:
         role, rank = self._topology.role_of_world_rank(world_rank)
         return describe_rank(self._topology, role, rank)
 
-    def error(self, failure: TransferFailed, doing: str) -> AFDError:
+    def error(self, failure: TransferFailed, doing: str, peer: int | None = None) -> AFDError:
         """The error for ``failure`` while this rank was waiting for ``doing``.
 
-        ``doing`` reads like ``"layer 3 of step 17"``.
+        ``doing`` reads like ``"layer 3 of step 17"``; ``peer`` (a world rank) names the
+        peer when the failure does not. ``failure`` is consumed: its traceback and chain
+        are dropped (their frames hold transfers, and through them the process group).
         """
+        failure.__traceback__ = failure.__context__ = failure.__cause__ = None
         if self._fuse.closed:
             return AFDShutdown(f"AFD: {self._fuse.name} was closed while waiting for {doing}")
-        who = self.describe(failure.peer)
+        world_rank = failure.peer if failure.peer is not None else peer
+        who = "a peer" if world_rank is None else self.describe(world_rank)
         if failure.reason == "interrupted" and self._fuse.failure is not None:
             return type(self._fuse.failure)(f"{self._fuse.failure} (while waiting for {doing})")
         if failure.reason == "timeout":
@@ -163,7 +167,7 @@ class PeerFailures:
                 "stuck or overloaded, or the roles disagree on the step sequence "
                 f"(afd_process_group_timeout_s sets this limit) [{failure.detail}]"
             )
-        role, _ = self._topology.role_of_world_rank(failure.peer)
+        role = "a" if world_rank is None else self._topology.role_of_world_rank(world_rank)[0]
         return AFDPeerError(
             f"AFD: {who} closed the connection during {doing}; the "
             f"{'FFN' if role == 'ffn' else 'attention'} role stopped or crashed — see its "

@@ -36,16 +36,21 @@ def open_p2p(
     """Rendezvous and build ``connector``'s P2P parts (see the module docstring)."""
     world = open_world(connector, data)
     try:
-        return _assemble(connector, world, replays)
+        return assemble_p2p(connector, world, replays)
     except BaseException:
         world.interrupt()
         world.release()
         raise
 
 
-def _assemble(
-    connector: Connector, world: World, replays: ReplayGuardFactory | None
+def assemble_p2p(
+    connector: Connector, world: World, replays: ReplayGuardFactory | None = None
 ) -> ConnectorParts:
+    """``connector``'s P2P parts on an open ``world``: control channel and endpoint.
+
+    The FFN side's control receiver threads start here. The parts' shutdown interrupts
+    the world, joins those threads, then releases the world.
+    """
     config, topology, fuse = connector.config, connector.topology, connector.fuse
     guard = None if replays is None else replays(connector, world)
     common = {

@@ -324,7 +324,8 @@ class P2pAttentionEndpoint(AttentionEndpoint):
                     transport.synchronize(deadline)
                     incoming.check_all(step.expected)
         except TransferFailed as exc:
-            raise self._failures.error(exc, layer_of_step(layer, step.step_id)) from None
+            doing = layer_of_step(layer, step.step_id)
+            raise self._failures.error(exc, doing, self._peer.world_rank) from None
         out = inflight.out
         return out if out.device == inflight.home else out.to(inflight.home)
 

@@ -46,9 +46,10 @@ FailureReason = Literal["timeout", "peer_closed", "interrupted"]
 
 
 class TransferFailed(Exception):
-    """A transfer did not complete; ``peer`` is the peer's world rank."""
+    """A transfer did not complete; ``peer`` is the peer's world rank (None when the
+    transport cannot tell, as after :meth:`Transport.synchronize` of several peers)."""
 
-    def __init__(self, peer: int, reason: FailureReason, detail: str) -> None:
+    def __init__(self, peer: int | None, reason: FailureReason, detail: str) -> None:
         super().__init__(f"{reason} (world rank {peer}): {detail}")
         self.peer = peer
         self.reason: FailureReason = reason

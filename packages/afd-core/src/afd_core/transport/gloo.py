@@ -100,6 +100,10 @@ class GlooTransport(Transport):
     def device(self) -> torch.device:
         return self._device
 
+    # Failures are raised outside the ``except`` blocks, from text only: an exception
+    # chained to gloo's would keep its traceback's frames, and through them the pending
+    # Work, the group and the rendezvous store, alive after close().
+
     def post_send(self, tensor: torch.Tensor, peer: int) -> Transfer:
         group = self._group
         if group is None or self._interrupted:
@@ -107,7 +111,8 @@ class GlooTransport(Transport):
         try:
             return Transfer(peer, group.send([tensor], peer, self._tag))
         except RuntimeError as exc:
-            raise self._failure(peer, exc) from exc
+            detail = str(exc)
+        raise self._failure(peer, detail)
 
     def post_recv(self, tensor: torch.Tensor, peer: int) -> Transfer:
         group = self._group
@@ -116,28 +121,30 @@ class GlooTransport(Transport):
         try:
             return Transfer(peer, group.recv([tensor], peer, self._tag))
         except RuntimeError as exc:
-            raise self._failure(peer, exc) from exc
+            detail = str(exc)
+        raise self._failure(peer, detail)
 
     def wait(self, transfer: Transfer, deadline: float | None) -> None:
         self.wait_all([transfer], deadline)
 
     def wait_all(self, transfers: list[Transfer], deadline: float | None) -> None:
-        transfer = None
-        try:
-            for transfer in transfers:
-                if deadline is None:
-                    timeout = FOREVER
-                else:
-                    timeout = timedelta(seconds=deadline - time.monotonic())
-                    if timeout < _MIN_WAIT:
-                        timeout = _MIN_WAIT
+        for transfer in transfers:
+            if deadline is None:
+                timeout = FOREVER
+            else:
+                timeout = timedelta(seconds=deadline - time.monotonic())
+                if timeout < _MIN_WAIT:
+                    timeout = _MIN_WAIT
+            try:
                 transfer.work.wait(timeout)  # type: ignore[attr-defined]
-        except RuntimeError as exc:
-            assert transfer is not None
-            failure = self._failure(transfer.peer, exc)
+                continue
+            except RuntimeError as exc:
+                detail = str(exc)
+            failure = self._failure(transfer.peer, detail)
             if failure.reason == "timeout" and deadline is None:
                 failure = TransferFailed(transfer.peer, "interrupted", failure.detail)
-            raise failure from exc
+            del transfers, transfer  # see above: the traceback must not hold the Work
+            raise failure
 
     def interrupt(self) -> None:
         """Close every pair of the group by timing out a dummy receive (gloo has no cancel)."""
@@ -159,13 +166,15 @@ class GlooTransport(Transport):
         group, self._group = self._group, None
         for other in self._sharers:
             other._group = None
+            other._sharers.clear()
+        self._sharers.clear()
         if group is not None:
             with contextlib.suppress(RuntimeError):  # pairs already closed: nothing to do
                 group.shutdown()
 
-    def _failure(self, peer: int, exc: RuntimeError) -> TransferFailed:
-        """The TransferFailed for a gloo error (its first line is the useful part)."""
-        detail = str(exc).split("\n", 1)[0]
+    def _failure(self, peer: int, message: str) -> TransferFailed:
+        """The TransferFailed for a gloo error message (its first line is the useful part)."""
+        detail = message.split("\n", 1)[0]
         if self._interrupted:
             return TransferFailed(peer, "interrupted", detail)
         if "Timed out" in detail:

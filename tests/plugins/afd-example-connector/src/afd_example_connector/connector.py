@@ -2,9 +2,11 @@
 
 Both roles live in the same Python process (threads, or one thread taking turns) and
 exchange through in-memory queues instead of a network. That is useless for serving but
-shows the whole connector contract in a few lines: strict ``connector_extra_config``
-parsing, a rendezvous that checks both sides agree, the control plane, header checks on
-every data message, bounded waits that wake up on :meth:`close`.
+shows the whole connector contract of afd-core 0.2 in a few lines: strict
+``connector_extra_config`` parsing, a ``connect()`` that checks both sides agree and
+returns the role's endpoint, an endpoint that owns its wire format (it writes a header
+for every message and checks every header it receives), bounded waits that wake up on
+``close()``.
 
 Endpoints meet on a channel keyed by the AFD config's ``host`` and ``port``. Headers carry
 role ranks: an attention rank's messages name its attention rank, an FFN rank's name its
@@ -22,14 +24,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from afd_core.connector import Connector, ControlPlane, FFNLayerBatch, FFNStep, WireSpec
+from afd_core.connector import (
+    AttentionEndpoint,
+    Connector,
+    ConnectorParts,
+    ExpertRouting,
+    FFNEndpoint,
+    FFNLayerBatch,
+    FFNStep,
+    WireSpec,
+)
 from afd_core.errors import AFDConfigError, AFDPeerError, AFDProtocolError, AFDShutdown
 from afd_core.metadata import ControlPayload, TransferHeader
 
 if TYPE_CHECKING:
     import torch
-
-    from afd_core.config import AFDConfig
 
 _POLL_S = 0.05
 
@@ -61,12 +70,6 @@ class ExampleLoopbackConnector(Connector):
 
     name = "ExampleLoopbackConnector"
 
-    def __init__(self, config: AFDConfig, role_rank: int, wire: WireSpec) -> None:
-        super().__init__(config, role_rank, wire)
-        self._key = (config.host, config.port)
-        self._channel: _Channel | None = None
-        self._control = _LoopbackControlPlane(self)
-
     @classmethod
     def parse_extra_config(cls, raw: Mapping[str, Any]) -> LoopbackExtra:
         """Accept only ``loopback_delay_ms`` (an int >= 0); name any other field."""
@@ -84,146 +87,60 @@ class ExampleLoopbackConnector(Connector):
             )
         return LoopbackExtra(loopback_delay_ms=delay)
 
-    # Life cycle --------------------------------------------------------------------------
-
-    def _initialize(self) -> None:
+    def connect(self) -> ConnectorParts:
         """Join the channel; the first endpoint's view is what every later one must match.
 
         Extra configs are compared parsed, so ``{}`` and the defaults written out agree.
         """
+        key = (self.config.host, self.config.port)
         mine = (self.config.shared_view() | {"connector_extra_config": self.extra}, self.wire)
         with _channels_lock:
-            channel = _channels.setdefault(self._key, _Channel())
+            channel = _channels.setdefault(key, _Channel())
             if channel.agreed is None:
                 channel.agreed = mine
             elif channel.agreed != mine:
                 raise AFDProtocolError(
                     f"AFD {self.name}: {self.config.role} rank {self.role_rank} has config "
-                    f"{mine}, the channel {self._key} agreed on {channel.agreed}; start both "
+                    f"{mine}, the channel {key} agreed on {channel.agreed}; start both "
                     "roles with the same AFD config and model"
                 )
             channel.users += 1
-        self._channel = channel
+        wires = _Wires(self, channel)
 
-    def _close(self) -> None:
-        if self._channel is None:
-            return
-        with _channels_lock:
-            self._channel.users -= 1
-            if self._channel.users == 0:
-                _channels.pop(self._key, None)
-        self._channel = None
+        def leave() -> None:
+            with _channels_lock:
+                channel.users -= 1
+                if channel.users == 0:
+                    _channels.pop(key, None)
 
-    @property
-    def control_plane(self) -> ControlPlane:
-        """The control channel (attention ranks -> the FFN rank serving them)."""
-        return self._control
+        role_endpoint = _Attention if self.config.role == "attention" else _FFN
+        return ConnectorParts(role_endpoint(self, wires), (leave,))
 
-    # Attention side ----------------------------------------------------------------------
 
-    def send_hidden(
-        self,
-        header: TransferHeader,
-        hidden: torch.Tensor,
-        router_logits: torch.Tensor | None = None,
-    ) -> None:
-        """Queue one layer's input for the FFN rank serving this attention rank."""
-        if hidden.shape[0] != header.num_tokens:
-            raise AFDProtocolError(
-                f"AFD {self.name}: header announces {header.num_tokens} tokens, the hidden "
-                f"states have {hidden.shape[0]}"
-            )
-        logits = None if router_logits is None else router_logits.clone()
-        self._put(("a2f", self.role_rank), (header.encode(), hidden.clone(), logits))
+class _Wires:
+    """The queues of one endpoint: bounded waits that end when the connector closes."""
 
-    def recv_output(self, header: TransferHeader, out: torch.Tensor) -> torch.Tensor:
-        """Wait for the FFN result of ``header``'s layer and stage and copy it into ``out``."""
-        data, output = self._get(("f2a", self.role_rank), deadline=self._deadline())
-        TransferHeader.decode(data).check(header)
-        return out.copy_(output)
+    def __init__(self, connector: ExampleLoopbackConnector, channel: _Channel) -> None:
+        self.connector = connector
+        self.channel = channel
 
-    # FFN side ----------------------------------------------------------------------------
+    def put(self, key: tuple[str, int], item: Any) -> None:
+        delay_ms = self.connector.extra.loopback_delay_ms
+        if delay_ms:
+            time.sleep(delay_ms / 1000)
+        self.channel.queues[key].put(item)
 
-    def recv_hidden(self, step: FFNStep, layer: int, stage: int) -> FFNLayerBatch:
-        """Collect one layer's input from every attention rank of ``step``, concatenated."""
-        import torch
-
-        deadline = self._deadline()
-        headers, hiddens, logits = [], [], []
-        for i, rank in enumerate(step.attention_ranks):
-            data, hidden, rank_logits = self._get(("a2f", rank), deadline=deadline)
-            expected = TransferHeader(
-                direction="a2f",
-                step_id=step.payloads[i].step_id,
-                layer=layer,
-                stage=stage,
-                num_tokens=step.tokens[i][stage],
-                dtype=self.wire.dtype,
-                hidden_size=self.wire.hidden_size,
-                sender_rank=rank,
-                logits_width=self.wire.router_logits_width,
-                logits_dtype=self.wire.router_logits_dtype,
-            )
-            received = TransferHeader.decode(data)
-            received.check(expected)
-            headers.append(received)
-            hiddens.append(hidden)
-            logits.append(rank_logits)
-        return FFNLayerBatch(
-            step=step,
-            layer=layer,
-            stage=stage,
-            hidden=torch.cat(hiddens),
-            router_logits=torch.cat(logits) if self.wire.router_logits_width else None,
-            splits=step.stage_tokens(stage),
-            headers=tuple(headers),
-        )
-
-    def send_output(self, batch: FFNLayerBatch, output: torch.Tensor) -> None:
-        """Split ``output`` by ``batch.splits`` and queue each part for its attention rank."""
-        parts = output.split(list(batch.splits))
-        for rank, part, received in zip(
-            batch.step.attention_ranks, parts, batch.headers, strict=True
-        ):
-            header = TransferHeader(
-                direction="f2a",
-                step_id=received.step_id,
-                layer=batch.layer,
-                stage=batch.stage,
-                num_tokens=part.shape[0],
-                dtype=self.wire.dtype,
-                hidden_size=self.wire.hidden_size,
-                sender_rank=self.role_rank,
-            )
-            self._put(("f2a", rank), (header.encode(), part.clone()))
-
-    # Plumbing ----------------------------------------------------------------------------
-
-    def _deadline(self) -> float:
-        return time.monotonic() + self.config.afd_process_group_timeout_s
-
-    def _queue(self, key: tuple[str, int]) -> queue.Queue[Any]:
-        if self.is_closed:
-            raise AFDShutdown(f"AFD {self.name}: closed")
-        if self._channel is None:
-            raise RuntimeError(f"{self.name}: call initialize() before exchanging data")
-        return self._channel.queues[key]
-
-    def _put(self, key: tuple[str, int], item: Any) -> None:
-        if self.extra.loopback_delay_ms:
-            time.sleep(self.extra.loopback_delay_ms / 1000)
-        self._queue(key).put(item)
-
-    def _get(self, key: tuple[str, int], deadline: float | None) -> Any:
-        """Wait for the next item of ``key``; AFDShutdown on close, AFDPeerError on timeout."""
-        q = self._queue(key)
+    def get(self, key: tuple[str, int], *, forever: bool = False) -> Any:
+        """The next item of ``key``; AFDShutdown once closed, AFDPeerError past the timeout."""
+        timeout_s = self.connector.config.afd_process_group_timeout_s
+        deadline = None if forever else time.monotonic() + timeout_s
+        q = self.channel.queues[key]
         while True:
-            if self.is_closed:
-                raise AFDShutdown(f"AFD {self.name}: closed while waiting for {key}")
+            self.connector.fuse.check()  # AFDShutdown once closed
             if deadline is not None and time.monotonic() > deadline:
                 raise AFDPeerError(
-                    f"AFD {self.name}: nothing arrived on {key} within "
-                    f"{self.config.afd_process_group_timeout_s} s; is the peer running?"
+                    f"AFD {self.connector.name}: nothing arrived on {key} within {timeout_s} s; "
+                    "is the peer running?"
                 )
             try:
                 return q.get(timeout=_POLL_S)
@@ -231,31 +148,114 @@ class ExampleLoopbackConnector(Connector):
                 continue
 
 
-class _LoopbackControlPlane(ControlPlane):
-    """Control payloads travel as their versioned bytes, like on a real wire."""
+class _Attention(AttentionEndpoint):
+    """Attention side: one queue to the FFN rank serving this rank, one back."""
 
-    def __init__(self, connector: ExampleLoopbackConnector) -> None:
-        self._conn = connector
+    def __init__(self, connector: ExampleLoopbackConnector, wires: _Wires) -> None:
+        self.connector, self.wires = connector, wires
+        self.rank = connector.role_rank
+        self.ffn_rank = connector.topology.ffn_rank_of(self.rank)
+        self.step: ControlPayload | None = None
 
-    def send_step(self, payload: ControlPayload) -> None:
-        """Queue this step's payload for the FFN rank serving this attention rank."""
-        self._conn._put(("ctrl", self._conn.role_rank), payload.encode())
+    def begin_step(self, payload: ControlPayload) -> None:
+        """Announce the step: its payload travels as its versioned bytes."""
+        self.step = payload
+        self.wires.put(("ctrl", self.rank), payload.encode())
 
-    def recv_step(self) -> FFNStep | None:
+    def send(
+        self,
+        layer: int,
+        stage: int,
+        hidden: torch.Tensor,
+        *,
+        router_logits: torch.Tensor | None = None,
+        routing: ExpertRouting | None = None,
+    ) -> None:
+        """Queue one layer's input behind its header."""
+        assert self.step is not None, "begin_step() first"
+        header = _header(self.connector.wire, "a2f", self.step.step_id, layer, stage,
+                         hidden.shape[0], self.rank)  # fmt: skip
+        logits = None if router_logits is None else router_logits.clone()
+        self.wires.put(("a2f", self.rank), (header.encode(), hidden.clone(), logits))
+
+    def recv(self, layer: int, stage: int) -> torch.Tensor:
+        """Wait for the FFN result of ``layer`` and ``stage``; check its header."""
+        assert self.step is not None, "begin_step() first"
+        data, output = self.wires.get(("f2a", self.rank))
+        expected = _header(self.connector.wire, "f2a", self.step.step_id, layer, stage,
+                           output.shape[0], self.ffn_rank)  # fmt: skip
+        TransferHeader.decode(data).check(expected)
+        return output
+
+
+class _FFN(FFNEndpoint):
+    """FFN side: the queues of every attention rank of this FFN rank's block."""
+
+    def __init__(self, connector: ExampleLoopbackConnector, wires: _Wires) -> None:
+        self.connector, self.wires = connector, wires
+        self.block = connector.topology.block_of(connector.role_rank)
+
+    def next_step(self) -> FFNStep | None:
         """Wait (as long as needed) for one payload from every attention rank of the block."""
-        conn = self._conn
-        block = conn.topology.block_of(conn.role_rank)
         payloads: list[ControlPayload] = []
         try:
-            first = conn._get(("ctrl", block[0]), deadline=None)
+            first = self.wires.get(("ctrl", self.block[0]), forever=True)
             payloads.append(ControlPayload.decode(first))
-            deadline = conn._deadline()
-            for rank in block[1:]:
-                payloads.append(ControlPayload.decode(conn._get(("ctrl", rank), deadline)))
+            for rank in self.block[1:]:
+                payloads.append(ControlPayload.decode(self.wires.get(("ctrl", rank))))
         except AFDShutdown:
             return None
         return FFNStep(
             payloads=tuple(payloads),
-            attention_ranks=tuple(block),
-            tokens=tuple(p.tokens_of(rank) for p, rank in zip(payloads, block, strict=True)),
+            attention_ranks=tuple(self.block),
+            tokens=tuple(p.tokens_of(r) for p, r in zip(payloads, self.block, strict=True)),
         )
+
+    def recv(self, step: FFNStep, layer: int, stage: int) -> FFNLayerBatch:
+        """Collect one layer's input from every attention rank of ``step``, concatenated."""
+        import torch
+
+        wire = self.connector.wire
+        hiddens, logits = [], []
+        for payload, rank, counts in zip(step.payloads, step.attention_ranks, step.tokens,
+                                         strict=True):  # fmt: skip
+            data, hidden, rank_logits = self.wires.get(("a2f", rank))
+            expected = _header(wire, "a2f", payload.step_id, layer, stage, counts[stage], rank)
+            TransferHeader.decode(data).check(expected)
+            hiddens.append(hidden)
+            logits.append(rank_logits)
+        return FFNLayerBatch(
+            step=step,
+            layer=layer,
+            stage=stage,
+            hidden=torch.cat(hiddens),
+            splits=step.stage_tokens(stage),
+            router_logits=torch.cat(logits) if wire.logits_width_at(layer) else None,
+        )
+
+    def send(self, batch: FFNLayerBatch, output: torch.Tensor) -> None:
+        """Split ``output`` by ``batch.splits`` and queue each part behind its header."""
+        wire, parts = self.connector.wire, output.split(list(batch.splits))
+        for payload, rank, part in zip(batch.step.payloads, batch.step.attention_ranks, parts,
+                                       strict=True):  # fmt: skip
+            header = _header(wire, "f2a", payload.step_id, batch.layer, batch.stage,
+                             part.shape[0], self.connector.role_rank)  # fmt: skip
+            self.wires.put(("f2a", rank), (header.encode(), part.clone()))
+
+
+def _header(
+    wire: WireSpec, direction: str, step_id: int, layer: int, stage: int, rows: int, sender: int
+) -> TransferHeader:
+    width = wire.logits_width_at(layer) if direction == "a2f" else 0
+    return TransferHeader(
+        direction=direction,
+        step_id=step_id,
+        layer=layer,
+        stage=stage,
+        num_tokens=rows,
+        dtype=wire.dtype,
+        hidden_size=wire.hidden_size,
+        sender_rank=sender,
+        logits_width=width,
+        logits_dtype=wire.router_logits_dtype if width else "float32",
+    )

@@ -1,4 +1,4 @@
-"""Byte-level P2P protocol: control frames, header packing, step assembly (pure Python)."""
+"""Byte formats on the wire: control frames, headers and their checks, step assembly (pure)."""
 
 from __future__ import annotations
 
@@ -7,23 +7,18 @@ from dataclasses import replace
 import pytest
 
 from afd_core.connector import WireSpec
-from afd_core.connectors.p2p_wire import (
+from afd_core.control.assembler import StepAssembler
+from afd_core.errors import AFDProtocolError
+from afd_core.metadata import AFDDPMetadata, ControlPayload, TransferHeader
+from afd_core.topology import Topology
+from afd_core.wire import (
     CONTROL_FRAME_BYTES,
-    HeaderPacker,
-    StepAssembler,
-    a2f_header,
-    check_received,
+    HeaderCodec,
     decode_control_frame,
     describe_rank,
     encode_control_frame,
-    f2a_header,
-    hidden_nbytes,
-    logits_nbytes,
-    with_layer,
+    raise_header_mismatch,
 )
-from afd_core.errors import AFDProtocolError
-from afd_core.metadata import AFDDPMetadata, ControlPayload
-from afd_core.topology import Topology
 
 WIRE = WireSpec(hidden_size=2048, dtype="bfloat16", num_exchange_layers=4)
 GATE = WireSpec(
@@ -66,45 +61,50 @@ def test_frames_of_wrong_size_or_impossible_length_are_rejected():
 
 
 @pytest.mark.parametrize("wire", [WIRE, GATE, DENSE_FIRST])
-@pytest.mark.parametrize("layer", [0, 1])
-def test_packed_headers_equal_the_encoded_dataclasses(wire, layer):
-    packer = HeaderPacker(wire)
-    assert packer.a2f(7, layer, 1, 12, 2) == a2f_header(7, layer, 1, 12, 2, wire).encode()
-    assert packer.f2a(7, layer, 1, 12, 0) == f2a_header(7, layer, 1, 12, 0, wire).encode()
+@pytest.mark.parametrize("direction", ["a2f", "f2a"])
+@pytest.mark.parametrize(("logits_width", "topk"), [(0, 0), (16, 0), (0, 8)])
+def test_packed_headers_equal_the_encoded_dataclasses(wire, direction, logits_width, topk):
+    codec = HeaderCodec(wire)
+    buffer = memoryview(bytearray(130))
+    codec.pack_into(buffer, 3, direction, 7, 1, 1, 12, 2, logits_width=logits_width, topk=topk)
+    header = codec.header(direction, 7, 1, 1, 12, 2, logits_width=logits_width, topk=topk)
+    assert bytes(buffer[3:67]) == header.encode()
+    assert TransferHeader.decode(bytes(buffer[3:67])) == header
+    assert header.logits_dtype == (wire.router_logits_dtype if logits_width else "float32")
 
 
 def test_dense_layers_carry_no_router_logits_even_with_the_gate_on_attention():
-    assert a2f_header(0, 0, 0, 4, 0, DENSE_FIRST).logits_width == 0
-    assert a2f_header(0, 1, 0, 4, 0, DENSE_FIRST).logits_width == 16
     assert [DENSE_FIRST.logits_width_at(layer) for layer in (0, 1)] == [0, 16]
+    assert [WIRE.logits_width_at(layer) for layer in (0, 1)] == [0, 0]
 
 
-def test_with_layer_equals_replace_and_leaves_the_template_alone():
-    template = a2f_header(7, 0, 1, 12, 2, GATE)
-    assert with_layer(template, 5) == replace(template, layer=5)
-    assert template.layer == 0
+def test_exchange_layers_default_to_every_layer_and_may_be_named():
+    assert WIRE.exchange_layers == (0, 1, 2, 3)
+    moe_only = replace(WIRE, num_exchange_layers=2, exchange_layer_ids=(1, 3))
+    assert moe_only.exchange_layers == (1, 3)
+    with pytest.raises(ValueError, match="name 1 layers, num_exchange_layers is 4"):
+        replace(WIRE, exchange_layer_ids=(1,))
 
 
-def test_a2f_headers_carry_logits_only_when_the_gate_runs_on_attention():
-    assert a2f_header(0, 0, 0, 4, 0, WIRE).logits_width == 0
-    gated = a2f_header(0, 0, 0, 4, 0, GATE)
-    assert (gated.logits_width, gated.logits_dtype) == (16, "bfloat16")
-    assert f2a_header(0, 0, 0, 4, 0, GATE).logits_width == 0
-
-
-def test_message_sizes_follow_the_wire_spec():
-    assert hidden_nbytes(3, WIRE) == 3 * 2048 * 2
-    assert logits_nbytes(3, WIRE) == 0
-    assert logits_nbytes(3, GATE) == 3 * 16 * 2
-
-
-def test_check_received_names_the_sender_and_both_views():
-    expected = a2f_header(5, 0, 0, 2, 0, WIRE)
+def test_a_header_mismatch_names_the_sender_and_both_views():
+    codec = HeaderCodec(WIRE)
+    expected = codec.header("a2f", 5, 0, 0, 2, 0)
+    sent = codec.header("a2f", 5, 1, 0, 2, 0)
     with pytest.raises(AFDProtocolError) as err:
-        check_received(a2f_header(5, 1, 0, 2, 0, WIRE).encode(), expected, "attention rank 0")
+        raise_header_mismatch(sent.encode(), expected, "attention rank 0")
     assert "layer: received 1, expected 0" in str(err.value)
     assert "[sent by attention rank 0]" in str(err.value)
-    check_received(expected.encode(), expected, "attention rank 0")
+    raise_header_mismatch(expected.encode(), expected, "attention rank 0")  # equal: no error
+
+
+def test_a_header_mismatch_may_leave_fields_out():
+    codec = HeaderCodec(WIRE)
+    expected = codec.header("a2f", 5, 0, 0, 2, 0)
+    raise_header_mismatch(codec.header("a2f", 5, 0, 0, 9, 0).encode(), expected, "x",
+                          ignore=("num_tokens",))  # fmt: skip
+    with pytest.raises(AFDProtocolError, match="step_id: received 6, expected 5"):
+        raise_header_mismatch(codec.header("a2f", 6, 0, 0, 9, 0).encode(), expected, "x",
+                              ignore=("num_tokens",))  # fmt: skip
 
 
 def test_describe_rank_gives_role_rank_and_world_rank():

@@ -1,0 +1,179 @@
+"""An in-process transport for endpoint tests (torch, no sockets), and worlds built on it.
+
+``LoopbackTransport`` implements afd-core's transport contract in memory: a send is
+delivered to the peer's queue at once (a copy of its bytes), a receive takes the next
+message of that peer when waited for. Like gloo, it refuses a message larger than the
+receive (gloo would abort the process) and accepts a shorter one. Closing a rank's
+transport wakes its own waits ("interrupted") and its peers' ("peer_closed").
+
+``loopback_connectors(a, f, wire)`` builds real composed connectors (afd-core's control
+channel and endpoints) whose world is a loopback fabric instead of a rendezvous.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict, deque
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+import torch
+
+from afd_core.config import AFDConfig
+from afd_core.connector import Connector, ConnectorParts, WireSpec
+from afd_core.failures import PeerFailures
+from afd_core.p2p import assemble_p2p
+from afd_core.transport import Transfer, TransferFailed, Transport
+from afd_core.world import World
+
+
+class Fabric:
+    """Messages in flight between the loopback transports of one test."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.queues: dict[tuple[int, int, str], deque[bytes]] = defaultdict(deque)
+        self.closed: set[int] = set()
+
+
+class LoopbackTransport(Transport):
+    """One rank's channel ``name`` on a :class:`Fabric` (see the module docstring)."""
+
+    accepts_short_messages = True
+
+    def __init__(self, fabric: Fabric, world_rank: int, name: str) -> None:
+        self._fabric = fabric
+        self._rank = world_rank
+        self._name = name
+        self._device = torch.device("cpu")
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def post_send(self, tensor: torch.Tensor, peer: int) -> Transfer:
+        data = bytes(tensor.contiguous().view(-1).view(torch.uint8).numpy())
+        with self._fabric.cond:
+            if self._rank in self._fabric.closed:
+                raise TransferFailed(peer, "interrupted", "loopback closed")
+            self._fabric.queues[self._rank, peer, self._name].append(data)
+            self._fabric.cond.notify_all()
+        return Transfer(peer, None)
+
+    def post_recv(self, tensor: torch.Tensor, peer: int) -> Transfer:
+        return Transfer(peer, tensor)
+
+    def wait(self, transfer: Transfer, deadline: float | None) -> None:
+        tensor = transfer.work
+        if tensor is None:  # a send: delivered when posted
+            return
+        key = (transfer.peer, self._rank, self._name)
+        fabric = self._fabric
+        with fabric.cond:
+            while not fabric.queues[key]:
+                if self._rank in fabric.closed:
+                    raise TransferFailed(transfer.peer, "interrupted", "loopback closed")
+                if transfer.peer in fabric.closed:
+                    raise TransferFailed(transfer.peer, "peer_closed", "loopback peer closed")
+                fabric.cond.wait(0.05)
+            data = fabric.queues[key].popleft()
+        assert isinstance(tensor, torch.Tensor)
+        flat = tensor.view(-1).view(torch.uint8)
+        assert len(data) <= flat.numel(), "gloo would abort this process"
+        if data:
+            flat[: len(data)].copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+
+    def interrupt(self) -> None:
+        with self._fabric.cond:
+            self._fabric.closed.add(self._rank)
+            self._fabric.cond.notify_all()
+
+    def close(self) -> None:
+        self.interrupt()
+
+
+class RecordingReplayGuard:
+    """A replay guard for host transports: nothing runs on a device, calls are recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, object]] = []
+
+    def watch(self, step_id: int) -> None:
+        self.calls.append(("watch", step_id))
+
+    def drain(self, before: str) -> None:
+        self.calls.append(("drain", before))
+
+    def capturing(self) -> AbstractContextManager[None]:
+        @contextmanager
+        def capture() -> Iterator[None]:
+            self.calls.append(("capture", None))
+            yield
+
+        return capture()
+
+    def wait_for_stream(self, what: str) -> None:
+        self.calls.append(("wait_for_stream", what))
+
+
+class LoopbackConnector(Connector):
+    """A composed P2P connector whose world is a loopback :class:`Fabric`.
+
+    With ``graph_steps`` it has a :class:`RecordingReplayGuard` (``replays``), so CUDA
+    graph steps run their host-side calls eagerly.
+    """
+
+    name = "Loopback"
+
+    def __init__(self, fabric: Fabric, *args: Any, graph_steps: bool = False) -> None:
+        super().__init__(*args)
+        self.fabric = fabric
+        self.replays = RecordingReplayGuard() if graph_steps else None
+
+    def connect(self) -> ConnectorParts:
+        timeout_s = float(self.config.afd_process_group_timeout_s)
+        world = World(
+            session=None,
+            control=LoopbackTransport(self.fabric, self.world_rank, "control"),
+            data=LoopbackTransport(self.fabric, self.world_rank, "data"),
+            failures=PeerFailures(self.topology, timeout_s, self.fuse),
+            timeout_s=timeout_s,
+        )
+        replays = self.replays
+        return assemble_p2p(self, world, None if replays is None else lambda c, w: replays)
+
+
+def loopback_connectors(
+    a: int,
+    f: int,
+    wire: WireSpec,
+    *,
+    timeout_s: int = 5,
+    gate: bool = False,
+    graph_steps: bool = False,
+) -> tuple[list[LoopbackConnector], list[LoopbackConnector]]:
+    """``a`` attention and ``f`` FFN connectors of one initialised loopback world."""
+    fabric = Fabric()
+
+    def make(role: str, rank: int) -> LoopbackConnector:
+        cfg = AFDConfig(
+            role=role,  # type: ignore[arg-type]
+            connector="Loopback",
+            num_attention_ranks=a,
+            num_ffn_ranks=f,
+            afd_process_group_timeout_s=timeout_s,
+            compute_gate_on_attention=gate,
+        )
+        conn = LoopbackConnector(fabric, cfg, rank, wire, graph_steps=graph_steps)
+        conn.initialize()
+        return conn
+
+    return [make("attention", r) for r in range(a)], [make("ffn", r) for r in range(f)]
+
+
+def close_all(*groups: list[LoopbackConnector]) -> None:
+    """Close every connector of ``groups``."""
+    for group in groups:
+        for conn in group:
+            conn.close()

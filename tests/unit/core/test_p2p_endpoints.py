@@ -1,0 +1,227 @@
+"""The P2P endpoints and control channel of afd-core over an in-process loopback transport.
+
+Real composed connectors (control sender and inbox threads, endpoints, header rows) on
+:mod:`tests.unit.core.loopback` instead of gloo: the protocol's rules without sockets.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from afd_core.connector import WireSpec  # noqa: E402
+from afd_core.errors import AFDPeerError, AFDProtocolError, AFDShutdown  # noqa: E402
+from afd_core.metadata import AFDDPMetadata, ControlPayload  # noqa: E402
+from tests.unit.core.loopback import close_all, loopback_connectors  # noqa: E402
+
+
+def payload(rank: int, step: int, *counts: int, **flags: bool) -> ControlPayload:
+    return ControlPayload(step, rank, tuple(AFDDPMetadata(rank, (n,)) for n in counts), **flags)
+
+
+def wait_until_ready(ffn, ranks: tuple[int, ...]) -> None:
+    """Wait until the FFN rank's inbox threads queued a payload of each of ``ranks``."""
+    inbox = ffn.ffn._inbox
+    deadline = time.monotonic() + 5
+    while inbox.ready_ranks() != ranks:
+        assert time.monotonic() < deadline, inbox.ready_ranks()
+        time.sleep(0.01)
+
+
+def test_an_ffn_rank_computes_its_block_once_and_splits_the_result_back():
+    wire = WireSpec(hidden_size=4, dtype="float32", num_exchange_layers=1)
+    attention, ffn = loopback_connectors(3, 1, wire)
+    try:
+        inputs = [torch.full((n, 4), float(r + 1)) for r, n in enumerate((2, 0, 3))]
+        for conn, x in zip(attention, inputs, strict=True):
+            conn.attention.begin_step(payload(conn.role_rank, 0, x.shape[0]))
+            conn.attention.send(0, 0, x)
+        wait_until_ready(ffn[0], (0, 1, 2))
+        step = ffn[0].ffn.next_step()
+        assert step.attention_ranks == (0, 1, 2)
+        batch = ffn[0].ffn.recv(step, 0, 0)
+        assert batch.splits == (2, 0, 3)
+        assert torch.equal(batch.hidden, torch.cat(inputs))
+        ffn[0].ffn.send(batch, batch.hidden * 10)
+        for conn, x in zip(attention, inputs, strict=True):
+            assert torch.equal(conn.attention.recv(0, 0), x * 10)
+    finally:
+        close_all(attention, ffn)
+
+
+def test_router_logits_travel_with_the_hidden_states_and_the_output_is_a_new_tensor():
+    wire = WireSpec(
+        hidden_size=5,
+        dtype="bfloat16",
+        num_exchange_layers=1,
+        router_logits_width=3,
+        router_logits_dtype="float32",
+    )
+    (attn,), (ffn,) = loopback_connectors(1, 1, wire, gate=True)
+    try:
+        hidden = torch.arange(15, dtype=torch.bfloat16).view(3, 5)
+        logits = torch.arange(9, dtype=torch.float32).view(3, 3) / 4
+        attn.attention.begin_step(payload(0, 0, 3))
+        attn.attention.send(0, 0, hidden, router_logits=logits)
+        batch = ffn.ffn.recv(ffn.ffn.next_step(), 0, 0)
+        assert torch.equal(batch.hidden, hidden)
+        assert torch.equal(batch.router_logits, logits)
+        ffn.ffn.send(batch, batch.hidden + 1)
+        out = attn.attention.recv(0, 0)
+        assert torch.equal(out, hidden + 1)
+        assert out.untyped_storage().data_ptr() != hidden.untyped_storage().data_ptr()
+    finally:
+        close_all([attn], [ffn])
+
+
+def test_stages_of_one_step_may_interleave():
+    wire = WireSpec(hidden_size=4, dtype="float32", num_exchange_layers=2)
+    (attn,), (ffn,) = loopback_connectors(1, 1, wire)
+    try:
+        attn.attention.begin_step(payload(0, 0, 2, 3))
+        step = None
+        for layer in range(2):
+            attn.attention.send(layer, 0, torch.full((2, 4), 1.0 + layer))
+            attn.attention.send(layer, 1, torch.full((3, 4), 5.0 + layer))
+            step = step or ffn.ffn.next_step()
+            for stage in (0, 1):
+                batch = ffn.ffn.recv(step, layer, stage)
+                ffn.ffn.send(batch, -batch.hidden)
+            assert torch.equal(attn.attention.recv(layer, 0), torch.full((2, 4), -1.0 - layer))
+            assert torch.equal(attn.attention.recv(layer, 1), torch.full((3, 4), -5.0 - layer))
+    finally:
+        close_all([attn], [ffn])
+
+
+WIRE = WireSpec(hidden_size=4, dtype="float32", num_exchange_layers=2)
+
+
+@pytest.fixture
+def pair():
+    (attn,), (ffn,) = loopback_connectors(1, 1, WIRE)
+    attn.attention.begin_step(payload(0, 3, 2))
+    yield attn, ffn
+    close_all([attn], [ffn])
+
+
+def test_tensors_that_differ_from_the_announced_step_are_refused_before_sending(pair):
+    attn, _ = pair
+    with pytest.raises(AFDProtocolError, match=r"hidden is \(3, 4\).*say a contiguous \(2, 4\)"):
+        attn.attention.send(0, 0, torch.zeros(3, 4))
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda e: e.send(0, 1, torch.zeros(2, 4)), "stage 1 is outside step 3's 1 stage"),
+        (lambda e: e.send(5, 0, torch.zeros(2, 4)), r"layer 5 is not an exchange layer"),
+        (
+            lambda e: e.send(0, 0, torch.zeros(2, 4), router_logits=torch.zeros(2, 1)),
+            "router_logits given",
+        ),
+        (lambda e: e.send(0, 0, torch.zeros(2, 4, dtype=torch.float64)), "torch.float64"),
+    ],
+)
+def test_each_kind_of_bad_send_is_named(pair, call, message):
+    attn, _ = pair
+    with pytest.raises(AFDProtocolError, match=message):
+        call(attn.attention)
+
+
+def test_a_step_may_not_start_before_the_previous_one_exchanged_every_layer(pair):
+    attn, ffn = pair
+    attn.attention.send(0, 0, torch.ones(2, 4))
+    step = ffn.ffn.next_step()
+    ffn.ffn.send(ffn.ffn.recv(step, 0, 0), torch.ones(2, 4))
+    attn.attention.recv(0, 0)
+    with pytest.raises(AFDProtocolError, match="after 1 layer exchanges in step 3, expected 2"):
+        attn.attention.begin_step(payload(0, 4, 2))
+    with pytest.raises(AFDProtocolError, match="failed earlier; close it"):
+        attn.attention.send(1, 0, torch.ones(2, 4))
+
+
+def test_send_and_recv_come_in_pairs_per_stage(pair):
+    attn, _ = pair
+    with pytest.raises(AFDProtocolError, match="but sent nothing for that stage"):
+        attn.attention.recv(0, 0)
+
+
+def test_a_second_send_of_a_stage_before_its_recv_is_refused(pair):
+    attn, _ = pair
+    attn.attention.send(0, 0, torch.ones(2, 4))
+    with pytest.raises(AFDProtocolError, match="awaits recv"):
+        attn.attention.send(1, 0, torch.ones(2, 4))
+
+
+def test_the_result_of_another_layer_is_not_handed_out(pair):
+    attn, _ = pair
+    attn.attention.send(0, 0, torch.ones(2, 4))
+    with pytest.raises(AFDProtocolError, match=r"result of layer 1 stage 0, but sent layer 0"):
+        attn.attention.recv(1, 0)
+
+
+def test_the_ffn_rank_names_both_views_of_a_mispaired_layer(pair):
+    attn, ffn = pair
+    attn.attention.send(1, 0, torch.ones(2, 4))  # layer 1 where FFN expects layer 0
+    step = ffn.ffn.next_step()
+    with pytest.raises(
+        AFDProtocolError,
+        match=r"layer: received 1, expected 0.*\[sent by attention rank 0 \(world rank 1\)\]",
+    ):
+        ffn.ffn.recv(step, 0, 0)
+
+
+def test_the_attention_rank_names_both_views_of_a_mispaired_reply(pair):
+    attn, ffn = pair
+    attn.attention.send(0, 0, torch.ones(2, 4))
+    step = ffn.ffn.next_step()
+    batch = ffn.ffn.recv(step, 0, 0)
+    batch.layer = 1  # the FFN rank answers as if for layer 1
+    ffn.ffn.send(batch, batch.hidden)
+    with pytest.raises(
+        AFDProtocolError,
+        match=r"f2a message .* layer: received 1, expected 0.*\[sent by FFN rank 0",
+    ):
+        attn.attention.recv(0, 0)
+
+
+def test_an_ffn_output_of_the_wrong_size_is_refused(pair):
+    attn, ffn = pair
+    attn.attention.send(0, 0, torch.ones(2, 4))
+    batch = ffn.ffn.recv(ffn.ffn.next_step(), 0, 0)
+    with pytest.raises(AFDProtocolError, match=r"output is \(3, 4\)"):
+        ffn.ffn.send(batch, torch.ones(3, 4))
+
+
+def test_closing_wakes_next_step_and_later_calls_raise_shutdown(pair):
+    _, ffn = pair
+    ffn.ffn.next_step()  # the announced step
+    threading.Timer(0.2, ffn.close).start()
+    assert ffn.ffn.next_step() is None
+    with pytest.raises(AFDShutdown):
+        ffn.ffn.recv(None, 0, 0)
+
+
+def test_an_attention_rank_that_leaves_is_named_by_the_ffn_rank(pair):
+    attn, ffn = pair
+    ffn.ffn.next_step()
+    attn.close()
+    with pytest.raises(
+        AFDPeerError, match=r"attention rank 0 \(world rank 1\) closed the connection"
+    ):
+        ffn.ffn.next_step()
+
+
+def test_graph_steps_are_refused_by_a_connector_without_replay_guard(pair):
+    attn, _ = pair
+    attn.close()
+    (attn,), (ffn,) = loopback_connectors(1, 1, WIRE)
+    try:
+        with pytest.raises(AFDProtocolError, match="run the attention role with --enforce-eager"):
+            attn.attention.begin_step(payload(0, 0, 2, is_graph_step=True))
+    finally:
+        close_all([attn], [ffn])
