@@ -3,8 +3,8 @@
 Two spawned processes: FFN rank 0 on cuda:0, attention rank 0 on cuda:1. For every token
 count and hidden size (bf16) the same run alternates, layer by layer:
 
-* **connector**: attention ``send_hidden`` + ``recv_output``; FFN ``recv_hidden`` +
-  ``send_output`` of the unchanged hidden states (identity compute), in steps of
+* **connector**: the attention endpoint's ``send`` + ``recv``; the FFN endpoint's
+  ``recv`` + ``send`` of the unchanged hidden states (identity compute), in steps of
   ``BLOCK`` layers, each announced by one control payload (``send_step``);
 * **raw**: a ``ProcessGroupNCCL`` send/recv ping-pong of the same hidden-state bytes each
   way (send first, like the connector), on a second NCCL group between the same two
@@ -17,8 +17,8 @@ with CUDA events on the attention rank:
 * **raw graph**: the raw ping-pong captured in a CUDA graph of ``BLOCK`` round trips on
   a third NCCL group (warmed up before capture): the floor;
 * **connector graph**: the connector's graph steps (header-less messages): each side
-  captures ``BLOCK`` layers of its exchange (attention: ``send_hidden`` +
-  ``recv_output``; FFN: ``recv_hidden_into`` + ``send_output_from``, identity compute)
+  captures ``BLOCK`` layers of its exchange (attention: ``send`` + ``recv``; FFN:
+  ``recv_into`` + ``send_from``, identity compute)
   when the attention rank announces the capture step; then every timed step is one
   control payload (``send_step``) and one replay per side, queued back to back as a
   decoding attention rank does. The per-step control payload and the FFN rank's host
@@ -153,12 +153,12 @@ def _ffn(
         for tokens in tokens_list:
             buf = torch.empty(tokens * hidden, dtype=torch.bfloat16, device="cuda")
             for _ in range(rounds + 1):  # the first round warms up
-                step = conn.control_plane.recv_step()
+                step = conn.ffn.next_step()
                 for layer in range(BLOCK):
                     raw.recv([buf], 1, 0).wait()
                     raw.send([buf], 1, 0).wait()
-                    batch = conn.recv_hidden(step, layer, 0)
-                    conn.send_output(batch, batch.hidden)
+                    batch = conn.ffn.recv(step, layer, 0)
+                    conn.ffn.send(batch, batch.hidden)
             if graph_pg is not None:
                 g = _pingpong_graph(torch, graph_pg, 1, buf, buf, sends_first=False)
                 for _ in range(GRAPH_REPLAYS + 3):
@@ -171,25 +171,24 @@ def _ffn(
 
 def _ffn_connector_graph(torch: Any, conn: Any, buf: Any) -> None:
     """FFN side of the connector graph: capture on the capture step, replay the others."""
-    step = conn.control_plane.recv_step()
+    step = conn.ffn.next_step()
     assert step.is_graph_capturing, "expected the capture step"
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         for layer in range(BLOCK):
-            conn.recv_hidden_into(step, layer, 0, buf, None)
-            conn.send_output_from(step, layer, 0, buf)
+            conn.ffn.recv_into(step, layer, 0, buf, None)
+            conn.ffn.send_from(step, layer, 0, buf)
     for _ in range(GRAPH_REPLAYS + 3):
-        step = conn.control_plane.recv_step()
+        step = conn.ffn.next_step()
         assert step.is_graph_step and not step.is_graph_capturing
         graph.replay()
-        conn.wait_for_stream("a benchmark replay")
+        conn.ffn.wait_for_stream("a benchmark replay")
 
 
 def _attention_connector_graph(
-    torch: Any, conn: Any, x: Any, y: Any, step_id: int
+    torch: Any, conn: Any, x: Any, step_id: int
 ) -> tuple[tuple[float, ...], int]:
     """Attention side of the connector graph; per-layer µs of each timed replay."""
-    from afd_core.connectors.p2p_wire import a2f_header
     from afd_core.metadata import AFDDPMetadata, ControlPayload
 
     tokens = x.shape[0]
@@ -203,24 +202,23 @@ def _attention_connector_graph(
             is_graph_step=True,
         )
 
-    y.zero_()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with conn.graph_capture(), torch.cuda.graph(graph):  # vLLM's capture mode (global)
-        conn.control_plane.send_step(payload(True))
+    endpoint = conn.attention
+    with endpoint.graph_capture(), torch.cuda.graph(graph):  # vLLM's capture mode (global)
+        endpoint.begin_step(payload(True))
         for layer in range(BLOCK):
-            header = a2f_header(step_id, layer, 0, tokens, 0, conn.wire)
-            conn.send_hidden(header, x)
-            conn.recv_output(header, y)
+            endpoint.send(layer, 0, x)
+            y = endpoint.recv(layer, 0)  # graph memory: each replay writes it again
     step_id += 1
     events = []
     for _ in range(GRAPH_REPLAYS + 3):
-        conn.control_plane.send_step(payload(False))
+        endpoint.begin_step(payload(False))
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         graph.replay()
         end.record()
-        conn.watch_graph_replay(step_id)
+        endpoint.watch_graph_replay(step_id)
         events.append((start, end))
         step_id += 1
     torch.cuda.synchronize()
@@ -241,7 +239,6 @@ def _attention(
 ) -> None:
     import torch
 
-    from afd_core.connectors.p2p_wire import a2f_header
     from afd_core.metadata import AFDDPMetadata, ControlPayload
 
     torch.cuda.set_device(ATTENTION_DEVICE)
@@ -253,12 +250,11 @@ def _attention(
         step_id = 0
         for tokens in tokens_list:
             x = torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16)
-            y = torch.empty_like(x)
             ping = x.view(-1)
             pong = torch.empty(tokens * hidden, dtype=torch.bfloat16, device="cuda")
             raw_us, conn_us, graph_us = [], [], []
             for r in range(rounds + 1):
-                conn.control_plane.send_step(
+                conn.attention.begin_step(
                     ControlPayload(step_id, 0, (AFDDPMetadata(0, (tokens,)),))
                 )
                 for layer in range(BLOCK):  # alternate, so both see the same load
@@ -269,9 +265,8 @@ def _attention(
                     received.wait()
                     stream.synchronize()
                     t1 = time.perf_counter()
-                    header = a2f_header(step_id, layer, 0, tokens, 0, conn.wire)
-                    conn.send_hidden(header, x)
-                    conn.recv_output(header, y)
+                    conn.attention.send(layer, 0, x)
+                    y = conn.attention.recv(layer, 0)
                     stream.synchronize()
                     t2 = time.perf_counter()
                     if r:
@@ -297,7 +292,7 @@ def _attention(
                         graph_us.append(start.elapsed_time(end) * 1e3 / BLOCK)
                 if not torch.equal(x.view(-1), pong):
                     raise AssertionError("the captured round trip changed the data")
-                conn_graph_us, step_id = _attention_connector_graph(torch, conn, x, y, step_id)
+                conn_graph_us, step_id = _attention_connector_graph(torch, conn, x, step_id)
             else:
                 conn_graph_us = ()
             rows.append(

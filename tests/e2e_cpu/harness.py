@@ -140,15 +140,18 @@ def first_mismatch(
         if want.token_ids != got.token_ids:
             return f"prompt {i}: tokens {want.token_ids} expected, got {got.token_ids}"
         for pos, (x, y) in enumerate(zip(want.top_logprobs, got.top_logprobs, strict=True)):
-            problem = _logprobs_mismatch(x, y, atol, rtol)
+            problem = logprobs_mismatch(x, y, atol, rtol)
             if problem:
                 return f"prompt {i}, generated token {pos}: {problem}: {dict(x)} vs {dict(y)}"
     return None
 
 
-def _logprobs_mismatch(
+def logprobs_mismatch(
     x: Mapping[int, float], y: Mapping[int, float], atol: float, rtol: float
 ) -> str:
+    """Why the top logprobs ``y`` of one position differ from ``x`` ("" when they agree;
+    the rules of :func:`first_mismatch`)."""
+
     def close(a: float, b: float) -> bool:
         return abs(a - b) <= atol + rtol * max(abs(a), abs(b))
 

@@ -27,6 +27,9 @@ from typing import Any
 
 # The reference connector: parsing the AFD config imports it, nothing connects.
 CONNECTOR = "P2pGlooAFDConnector"
+# The expert-routed connector, and the FFN rank counts its loopback runs split experts over.
+EXPERT_CONNECTOR = "DeepEPM2NAFDConnector"
+EXPERT_FFN_RANKS = (1, 2)
 NEW_TOKENS = 8
 KV_CACHE_BYTES = 64 * 1024 * 1024
 GATE_PLACEMENTS = ("gate_on_ffn", "gate_on_attention")
@@ -55,6 +58,45 @@ class LoopbackExchanger:
 _ATTENTION_BACKEND: str | None = None
 
 
+class LoopbackExpertExchanger:
+    """Serves an expert-routed attention role from FFN role models of every FFN rank.
+
+    Routes each token to the FFN ranks holding its experts, runs each rank's experts on its
+    rows and adds the partial results up, with afd-core's own routing helpers (what the
+    connector's endpoints do, without the wire). Records the rows each rank got per layer.
+    """
+
+    def __init__(self, ffn_models: list[Any], ffn_config: Any, placement: Any) -> None:
+        import torch
+
+        self.ffn_models = ffn_models
+        self.ffn_config = ffn_config
+        self.placement = placement
+        self.owners = torch.tensor(placement.owners(), dtype=torch.int64)
+        self.rows: dict[int, dict[int, int]] = {f: {} for f in range(len(ffn_models))}
+        self.calls: list[tuple[int, int]] = []
+
+    def exchange_experts(self, hidden: Any, topk_weights: Any, topk_ids: Any, layer: int) -> Any:
+        from vllm.forward_context import set_forward_context
+
+        from afd_core.connector import ExpertRouting
+        from afd_core.expert.routing import combine, localize, rows_per_rank
+
+        self.calls.append((layer, hidden.shape[0]))
+        parts = []
+        routed = rows_per_rank(topk_ids, self.owners, len(self.ffn_models))
+        for f, (model, rows) in enumerate(zip(self.ffn_models, routed, strict=True)):
+            per_layer = self.rows[f]
+            per_layer[layer] = per_layer.get(layer, 0) + int(rows.numel())
+            if not rows.numel():
+                continue
+            ids, weights = localize(topk_ids[rows], topk_weights[rows], self.placement.block(f))
+            with set_forward_context(None, self.ffn_config):
+                out = model.afd_compute_experts(layer, hidden[rows], ExpertRouting(ids, weights))
+            parts.append((rows, out))
+        return combine(hidden.shape[0], parts, hidden.shape[1], hidden.dtype, hidden.device)
+
+
 def _engine_kwargs(model: Path, *, compiled: bool) -> dict[str, Any]:
     backend = {} if _ATTENTION_BACKEND is None else {"attention_backend": _ATTENTION_BACKEND}
     return backend | {
@@ -77,6 +119,19 @@ def _afd(role: str, gate_on_attention: bool) -> dict[str, Any]:
             "compute_gate_on_attention": gate_on_attention,
         }
     }
+
+
+def _afd_expert(role: str, num_ffn_ranks: int, ffn_rank: int = 0) -> dict[str, Any]:
+    settings: dict[str, Any] = {
+        "role": role,
+        "connector": EXPERT_CONNECTOR,
+        "compute_gate_on_attention": True,
+        "num_ffn_ranks": num_ffn_ranks,
+        "num_attention_ranks": 1,
+    }
+    if role == "ffn":
+        settings["role_rank"] = ffn_rank
+    return {"afd": settings}
 
 
 def _generate(model: Path, additional_config: dict[str, Any], compiled: bool) -> dict[str, Any]:
@@ -141,8 +196,8 @@ def _build(model: Path, additional_config: dict[str, Any]) -> tuple[Any, Any, di
     fed: list[str] = []
     role_weights = role_mixins.role_weights
 
-    def recording_role_weights(weights: Any, role: str, *, gate_on_attention: bool) -> Any:
-        for name, tensor in role_weights(weights, role, gate_on_attention=gate_on_attention):
+    def recording_role_weights(weights: Any, role: str, **split: Any) -> Any:
+        for name, tensor in role_weights(weights, role, **split):
             fed.append(name)
             yield name, tensor
 
@@ -208,7 +263,41 @@ def run_child(model_dir: Path, work_dir: Path, compiled: bool) -> dict[str, Any]
         report["wrapper_off"] = _generate(wrapped, {}, compiled)
     for placement in ("gate_on_attention",) if compiled else GATE_PLACEMENTS:
         report[placement] = _loopback_run(wrapped, placement == "gate_on_attention", compiled)
+    if not compiled:
+        for num_ffn_ranks in EXPERT_FFN_RANKS:
+            report[f"expert_routed_{num_ffn_ranks}"] = _expert_run(wrapped, num_ffn_ranks)
     return report
+
+
+def _expert_run(model: Path, num_ffn_ranks: int) -> dict[str, Any]:
+    """The expert-routed attention role served by ``num_ffn_ranks`` FFN role models."""
+    from dataclasses import asdict
+
+    from afd_models.exchange_op import set_exchanger
+
+    builds = [_build(model, _afd_expert("ffn", num_ffn_ranks, f)) for f in range(num_ffn_ranks)]
+    attention, _, attention_loading = _build(model, _afd_expert("attention", num_ffn_ranks))
+    placement = attention.afd_placement
+    exchanger = LoopbackExpertExchanger([b[0] for b in builds], builds[0][1], placement)
+    set_exchanger(exchanger)
+    try:
+        run = _generate(model, _afd_expert("attention", num_ffn_ranks), False)
+    finally:
+        set_exchanger(None)
+    run.update(
+        exchange_calls=exchanger.calls,
+        attention_loading=attention_loading,
+        attention_layers=list(attention.afd_exchange_layers()),
+        attention_wire=asdict(attention.afd_wire_spec()),
+        ffn_blocks=[
+            [placement.block(f).start, placement.block(f).stop] for f in range(num_ffn_ranks)
+        ],
+        ffn_params=[{n: list(p.shape) for n, p in b[0].named_parameters()} for b in builds],
+        ffn_loadings=[b[2] for b in builds],
+        ffn_wires=[asdict(b[0].afd_wire_spec()) for b in builds],
+        routed_rows=exchanger.rows,
+    )
+    return run
 
 
 def _loopback_run(model: Path, gate_on_attention: bool, compiled: bool) -> dict[str, Any]:

@@ -29,7 +29,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e_cpu.models_offline_child import GATE_PLACEMENTS, NEW_TOKENS
+from tests.e2e_cpu.harness import BF16_RTOL, logprobs_mismatch
+from tests.e2e_cpu.models_offline_child import EXPERT_FFN_RANKS, GATE_PLACEMENTS, NEW_TOKENS
 
 # The two tiny checkpoints, and a DeepSeek-V3 variant of the second one derived here
 # (noaux_tc routing: a routing bias the router on the FFN role adds, sigmoid scores,
@@ -375,3 +376,94 @@ def test_exchange_op_runs_on_every_layer_under_vllm_torch_compile(
             run_logprob = dict(map(tuple, run_top))[token]
             stock_logprob = dict(map(tuple, stock_top))[token]
             assert run_logprob == pytest.approx(stock_logprob, abs=0.05)
+
+
+# Expert-routed roles (DeepEPM2NAFDConnector's split), served in the child by a loopback
+# that routes with afd-core's own helpers -------------------------------------------------
+
+#: Logprob tolerance of expert-routed runs over several FFN ranks: each rank's partial sum
+#: is rounded to bf16 before they are added (the monolithic kernel rounds once), which moves
+#: a logit by about one bf16 ulp; the suite's bf16 tolerance (BF16_RTOL) covers two.
+EXPERT_LOGPROB_ATOL = 1e-3
+
+
+def _expert(report: dict[str, Any], num_ffn_ranks: int) -> dict[str, Any]:
+    return report[f"expert_routed_{num_ffn_ranks}"]
+
+
+def _expert_name(name: str) -> int | None:
+    """The expert id of a routed expert tensor name (``...mlp.experts.<E>.*``), else None."""
+    parts = name.split(".")
+    if "experts" not in parts or not parts[parts.index("experts") + 1].isdigit():
+        return None
+    return int(parts[parts.index("experts") + 1])
+
+
+@pytest.mark.parametrize("num_ffn_ranks", EXPERT_FFN_RANKS)
+def test_expert_routed_roles_reproduce_the_stock_outputs(
+    report: dict[str, Any], num_ffn_ranks: int
+) -> None:
+    run, stock = _expert(report, num_ffn_ranks), report["stock"]
+    assert run["class"] == "Attention" + stock["class"]
+    assert run["tokens"] == stock["tokens"]
+    if num_ffn_ranks == 1:  # one partial per token: nothing is rounded twice
+        assert run["logprobs"] == stock["logprobs"]
+        return
+    for prompt, (got, want) in enumerate(zip(run["logprobs"], stock["logprobs"], strict=True)):
+        for position, (x, y) in enumerate(zip(want, got, strict=True)):
+            problem = logprobs_mismatch(
+                dict(map(tuple, x)), dict(map(tuple, y)), EXPERT_LOGPROB_ATOL, BF16_RTOL
+            )
+            assert not problem, f"prompt {prompt} position {position}: {problem}: {x} vs {y}"
+
+
+@pytest.mark.parametrize("num_ffn_ranks", EXPERT_FFN_RANKS)
+def test_expert_routed_roles_split_the_checkpoint_by_expert_block(
+    report: dict[str, Any], num_ffn_ranks: int
+) -> None:
+    run, stock = _expert(report, num_ffn_ranks), report["stock"]
+    checkpoint = set(stock["loading"]["checkpoint"])
+    attention_fed = set(run["attention_loading"]["checkpoint"])
+    assert all(_expert_name(n) is None for n in attention_fed), "attention loaded experts"
+    covered = []
+    for (start, stop), loading in zip(run["ffn_blocks"], run["ffn_loadings"], strict=True):
+        for name in loading["checkpoint"]:
+            local = _expert_name(name)
+            assert local is not None and 0 <= local < stop - start, name
+            covered.append(name.replace(f".experts.{local}.", f".experts.{start + local}."))
+    assert len(covered) == len(set(covered)), "an expert tensor was loaded by two FFN ranks"
+    assert attention_fed | set(covered) == checkpoint
+    assert not attention_fed & set(covered)
+    for role in [run["attention_loading"], *run["ffn_loadings"]]:
+        assert set(role["before"]) == set(role["loaded"])
+
+
+@pytest.mark.parametrize("num_ffn_ranks", EXPERT_FFN_RANKS)
+def test_each_ffn_rank_holds_exactly_its_expert_block(
+    report: dict[str, Any], num_ffn_ranks: int
+) -> None:
+    run = _expert(report, num_ffn_ranks)
+    moe_layers = set(run["attention_layers"])
+    stock_experts = _num_experts(report["stock"]["params"])
+    sizes = [stop - start for start, stop in run["ffn_blocks"]]
+    assert sum(sizes) == stock_experts and max(sizes) - min(sizes) <= 1
+    for (start, stop), params in zip(run["ffn_blocks"], run["ffn_params"], strict=True):
+        w13 = {int(n.split(".")[2]): shape for n, shape in params.items() if "w13_weight" in n}
+        assert set(w13) == moe_layers
+        assert all(shape[0] == stop - start for shape in w13.values())
+        assert all(".experts." in n for n in params), "an FFN rank holds more than experts"
+
+
+@pytest.mark.parametrize("num_ffn_ranks", EXPERT_FFN_RANKS)
+def test_expert_routed_roles_exchange_the_moe_layers_only(
+    report: dict[str, Any], num_ffn_ranks: int
+) -> None:
+    run, stock = _expert(report, num_ffn_ranks), report["stock"]["params"]
+    moe_layers = sorted(_moe_layers(stock))
+    assert run["attention_layers"] == moe_layers
+    wire = run["attention_wire"]
+    assert all(w == wire for w in run["ffn_wires"])
+    assert wire["exchange_layer_ids"] == moe_layers
+    assert (wire["num_experts"], wire["top_k"]) == (_num_experts(stock), 2)
+    layers = [layer for layer, _ in run["exchange_calls"]]
+    assert layers == moe_layers * (len(layers) // len(moe_layers))

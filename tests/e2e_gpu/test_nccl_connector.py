@@ -82,13 +82,13 @@ def serve(port: int, gate: bool) -> dict[str, Any]:
     devices, with_logits, tokens = set(), [], []
     try:
         for _ in STEP_TOKENS:
-            step = conn.control_plane.recv_step()
+            step = conn.ffn.next_step()
             tokens.append(step.tokens[0][0])
             for layer in range(LAYERS):
-                batch = conn.recv_hidden(step, layer, 0)
+                batch = conn.ffn.recv(step, layer, 0)
                 devices.add(str(batch.hidden.device))
                 with_logits.append(batch.router_logits is not None)
-                conn.send_output(batch, ffn_function(batch.hidden, layer, batch.router_logits))
+                conn.ffn.send(batch, ffn_function(batch.hidden, layer, batch.router_logits))
     finally:
         conn.close()
     return {"devices": sorted(devices), "with_logits": with_logits, "tokens": tokens}
@@ -98,7 +98,6 @@ def attend(port: int, gate: bool) -> dict[str, Any]:
     """Attention rank: every step and layer, check the result exactly; count exchanges."""
     import torch
 
-    from afd_core.connectors.p2p_wire import a2f_header
     from afd_core.metadata import AFDDPMetadata, ControlPayload
 
     conn = connect("attention", port, ATTENTION_DEVICE, gate)
@@ -107,7 +106,7 @@ def attend(port: int, gate: bool) -> dict[str, Any]:
     exchanges, mismatches, out_devices = 0, [], set()
     try:
         for step_id, n in enumerate(STEP_TOKENS):
-            conn.control_plane.send_step(ControlPayload(step_id, 0, (AFDDPMetadata(0, (n,)),)))
+            conn.attention.begin_step(ControlPayload(step_id, 0, (AFDDPMetadata(0, (n,)),)))
             for layer in range(LAYERS):
                 hidden = torch.randint(
                     -50, 50, (n, spec.hidden_size), generator=gen, device=device
@@ -117,9 +116,8 @@ def attend(port: int, gate: bool) -> dict[str, Any]:
                     logits = torch.randint(
                         -4, 4, (n, spec.router_logits_width), generator=gen, device=device
                     ).float()
-                header = a2f_header(step_id, layer, 0, n, 0, spec)
-                conn.send_hidden(header, hidden, logits)
-                out = conn.recv_output(header, torch.empty_like(hidden))
+                conn.attention.send(layer, 0, hidden, router_logits=logits)
+                out = conn.attention.recv(layer, 0)
                 out_devices.add(str(out.device))
                 if not torch.equal(out, ffn_function(hidden, layer, logits)):
                     mismatches.append((step_id, layer))
@@ -129,38 +127,47 @@ def attend(port: int, gate: bool) -> dict[str, Any]:
     return {"exchanges": exchanges, "mismatches": mismatches, "devices": sorted(out_devices)}
 
 
-def serve_wrong_layer(port: int) -> tuple[str, str]:
-    """FFN rank: expect layer 1 while the attention rank sends layer 0; report the error."""
+#: The layer order the FFN rank serves in the mispairing test (the attention rank sends
+#: 0, 1, 2, 3): every message has the size the step announced, only the layers differ.
+WRONG_ORDER = (1, 0, 2, 3)
+
+
+def serve_wrong_layers(port: int) -> tuple[str, str]:
+    """FFN rank: serve one step in :data:`WRONG_ORDER`; report the error of its check.
+
+    Device headers are checked once per step, after its last message.
+    """
     conn = connect("ffn", port, FFN_DEVICE, False, timeout_s=15)
     try:
-        step = conn.control_plane.recv_step()
-        conn.recv_hidden(step, 1, 0)
+        step = conn.ffn.next_step()
+        for layer in WRONG_ORDER:
+            batch = conn.ffn.recv(step, layer, 0)
+            conn.ffn.send(batch, batch.hidden)
     except Exception as exc:
         return type(exc).__name__, str(exc)
     finally:
         conn.close()
-    return "nothing", "recv_hidden accepted a message of another layer"
+    return "nothing", "a step of mispaired layers was accepted"
 
 
-def attend_then_lose_the_reply(port: int) -> tuple[str, str]:
-    """Attention rank: send layer 0 and wait for a reply that never comes."""
+def attend_one_step(port: int) -> tuple[str, str]:
+    """Attention rank: one step of every layer; report the error of its check."""
     import torch
 
-    from afd_core.connectors.p2p_wire import a2f_header
     from afd_core.metadata import AFDDPMetadata, ControlPayload
 
     conn = connect("attention", port, ATTENTION_DEVICE, False, timeout_s=15)
     try:
-        conn.control_plane.send_step(ControlPayload(0, 0, (AFDDPMetadata(0, (4,)),)))
+        conn.attention.begin_step(ControlPayload(0, 0, (AFDDPMetadata(0, (4,)),)))
         hidden = torch.ones(4, conn.wire.hidden_size, dtype=torch.bfloat16, device="cuda")
-        header = a2f_header(0, 0, 0, 4, 0, conn.wire)
-        conn.send_hidden(header, hidden)
-        conn.recv_output(header, torch.empty_like(hidden))
+        for layer in range(LAYERS):
+            conn.attention.send(layer, 0, hidden)
+            conn.attention.recv(layer, 0)
     except Exception as exc:
         return type(exc).__name__, str(exc)
     finally:
         conn.close()
-    return "nothing", "recv_output returned without a reply"
+    return "nothing", "replies of mispaired layers were accepted"
 
 
 #: Graph-step plan of the attention rank: ("eager", n), ("capture", n) or ("replay", n).
@@ -207,15 +214,15 @@ def serve_graph_steps(port: int, gate: bool) -> dict[str, Any]:
     kinds = []
     try:
         for _ in GRAPH_PLAN:
-            step = conn.control_plane.recv_step()
+            step = conn.ffn.next_step()
             kinds.append((step.is_graph_step, step.is_graph_capturing, step.tokens[0][0]))
             print(f"ffn: serving {kinds[-1]}", flush=True)  # where a hang happens
             if step.is_graph_step:
                 graphs.serve(step)
                 continue
             for layer in range(LAYERS):
-                batch = conn.recv_hidden(step, layer, 0)
-                conn.send_output(batch, ffn_function(batch.hidden, layer, batch.router_logits))
+                batch = conn.ffn.recv(step, layer, 0)
+                conn.ffn.send(batch, ffn_function(batch.hidden, layer, batch.router_logits))
     finally:
         conn.close()
     return {
@@ -229,7 +236,6 @@ def attend_graph_steps(port: int, gate: bool) -> dict[str, Any]:
     """Attention rank: capture whole steps in CUDA graphs as vLLM does, replay, check."""
     import torch
 
-    from afd_core.connectors.p2p_wire import a2f_header
     from afd_core.metadata import AFDDPMetadata, ControlPayload
 
     conn = connect("attention", port, ATTENTION_DEVICE, gate)
@@ -249,9 +255,8 @@ def attend_graph_steps(port: int, gate: bool) -> dict[str, Any]:
         for layer in range(LAYERS):
             x = hidden + layer  # some device work between exchanges, as in a model
             lg = logits if spec.logits_width_at(layer) else None
-            header = a2f_header(step_id, layer, 0, hidden.shape[0], 0, spec)
-            conn.send_hidden(header, x, lg)
-            outs.append(conn.recv_output(header, torch.empty_like(x)))
+            conn.attention.send(layer, 0, x, router_logits=lg)
+            outs.append(conn.attention.recv(layer, 0))
         return outs
 
     def check(step_id: int, hidden: Any, logits: Any, outs: list[Any]) -> None:
@@ -273,15 +278,15 @@ def attend_graph_steps(port: int, gate: bool) -> dict[str, Any]:
                 is_graph_step=kind != "eager",
             )
             if kind == "eager":
-                conn.control_plane.send_step(payload)
+                conn.attention.begin_step(payload)
                 hidden, logits = random_inputs(n)
                 check(step_id, hidden, logits, exchange_all(step_id, hidden, logits))
             elif kind == "capture":
                 hidden, logits = random_inputs(n)
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
-                with conn.graph_capture(), torch.cuda.graph(graph):  # vLLM's mode: global
-                    conn.control_plane.send_step(payload)
+                with conn.attention.graph_capture(), torch.cuda.graph(graph):  # vLLM: global
+                    conn.attention.begin_step(payload)
                     outs = exchange_all(step_id, hidden, logits)
                 graphs[n] = (graph, hidden, logits, outs)
             else:
@@ -289,9 +294,9 @@ def attend_graph_steps(port: int, gate: bool) -> dict[str, Any]:
                 fresh_hidden, fresh_logits = random_inputs(n)
                 hidden.copy_(fresh_hidden)
                 logits.copy_(fresh_logits)
-                conn.control_plane.send_step(payload)
+                conn.attention.begin_step(payload)
                 graph.replay()
-                conn.watch_graph_replay(step_id)
+                conn.attention.watch_graph_replay(step_id)
                 torch.cuda.synchronize()
                 check(step_id, hidden, logits, outs)
     finally:
@@ -386,18 +391,19 @@ def test_round_trips_over_nccl_return_the_ffn_function_exactly(
     print(f"RESULT nccl round trips gate={gate}: {attention['exchanges']} exact")
 
 
-def test_a_message_of_another_layer_is_detected_by_the_header_check(
+def test_messages_of_other_layers_are_detected_by_the_per_step_header_check(
     ranks: Ranks, port: int
 ) -> None:
-    ranks.start("ffn", serve_wrong_layer, port)
-    ranks.start("attention", attend_then_lose_the_reply, port)
+    ranks.start("ffn", serve_wrong_layers, port)
+    ranks.start("attention", attend_one_step, port)
     results = ranks.join()
     ffn_error, ffn_message = results["ffn"]
     assert ffn_error == "AFDProtocolError", ffn_message
-    assert "layer" in ffn_message, ffn_message
+    assert "layer: received 0, expected 1" in ffn_message, ffn_message
     attention_error, attention_message = results["attention"]
-    assert attention_error == "AFDPeerError", attention_message
-    print(f"RESULT nccl header mismatch: {ffn_message}")
+    assert attention_error == "AFDProtocolError", attention_message
+    assert "layer: received 1, expected 0" in attention_message, attention_message
+    print(f"RESULT nccl header mismatch: {ffn_message} | {attention_message}")
 
 
 @pytest.mark.parametrize("gate", [False, True], ids=["gate-on-ffn", "gate-on-attention"])

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from afd_core.config import AFDConfig
 from afd_core.errors import AFDConfigError
 from afd_models.roles import RoleDispatch, afd_config, make_wire_spec
 
@@ -110,16 +111,37 @@ def test_afd_config_rejects_sequence_parallel_moe() -> None:
 def test_wire_spec_describes_the_checkpoint_and_the_gate_placement(
     gate_on_attention: bool,
 ) -> None:
+    afd = AFDConfig(role="ffn", connector=CONNECTOR, compute_gate_on_attention=gate_on_attention)
     wire = make_wire_spec(
         vllm_config(),
+        afd,
         num_layers=2,
         num_experts=8,
-        gate_on_attention=gate_on_attention,
+        top_k=2,
         router_logits_dtype=FakeDtype("float32"),
     )
     assert wire.hidden_size == 128
     assert wire.dtype == "bfloat16"
     assert wire.num_exchange_layers == 2
+    assert wire.exchange_layers == (0, 1)
     assert wire.router_logits_width == (8 if gate_on_attention else 0)
     assert wire.router_logits_dtype == "float32"
     assert wire.model_fingerprint == "Qwen3MoeForCausalLM:h128:l2:e8:v1024"
+    assert (wire.num_experts, wire.top_k) == (8, 2)
+
+
+def test_an_expert_routed_wire_spec_exchanges_the_moe_layers_only() -> None:
+    afd = AFDConfig(
+        role="attention", connector=CONNECTOR, compute_gate_on_attention=True, exchange="expert"
+    )
+    wire = make_wire_spec(
+        vllm_config(),
+        afd,
+        num_layers=3,
+        num_experts=8,
+        top_k=2,
+        router_logits_dtype=FakeDtype("float32"),
+        dense_layers=(0,),
+    )
+    assert wire.exchange_layers == (1, 2)
+    assert wire.num_exchange_layers == 2

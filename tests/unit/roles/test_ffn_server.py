@@ -97,6 +97,7 @@ def test_stats_count_steps_layer_batches_and_tokens():
         "steps": 2,
         "layer_exchanges": 9,
         "tokens": 8,
+        "rows": 5 * 3 + (1 + 2) * 3,  # every layer of every stage
         "graphs_captured": 0,
         "graph_replays": 0,
         "graph_steps_eager": 0,

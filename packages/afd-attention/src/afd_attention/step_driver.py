@@ -246,6 +246,10 @@ class StepDriver:
             self.completed_steps += 1
         return out
 
+    def exchange_experts(self, hidden: Any, topk_weights: Any, topk_ids: Any, layer: int) -> Any:
+        """:meth:`exchange` of a MoE layer of an expert-routed deployment (its routing)."""
+        return self.exchange(hidden, None, layer, ExpertRouting(topk_ids, topk_weights))
+
     def _check_step(self, metadata: AFDStepMetadata) -> _ActiveStep:
         active = self._active
         if active is None or active.metadata.step_id != metadata.step_id:

@@ -8,7 +8,9 @@ Mix :class:`AttentionWorkerMixin` in front of a vLLM worker class (``CPUWorker``
   :class:`~afd_attention.session.AttentionSession` (rendezvous with FFN, step driver
   installed as the model's exchanger), bounded by the AFD timeout;
 * ``shutdown`` closes the session (waking any blocked exchange) before vLLM's own
-  shutdown.
+  shutdown;
+* ``afd_stats`` (through ``collective_rpc``) reports the steps done and the connector
+  endpoint's counters (for example the rows an expert-routed rank sent per FFN rank).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from afd_attention.session import AttentionSession
+from afd_core.errors import AFDError
 
 
 class AttentionWorkerMixin:
@@ -33,6 +36,16 @@ class AttentionWorkerMixin:
             self.model_runner,  # type: ignore[attr-defined]
             get_tensor_model_parallel_rank(),
         )
+
+    def afd_stats(self) -> dict[str, Any]:
+        """``{"steps": completed steps, "endpoint": the attention endpoint's counters}``."""
+        session = self._afd_session
+        if session is None:
+            raise AFDError("AFD attention: not connected to the FFN role yet (model loading)")
+        return {
+            "steps": session.driver.completed_steps,
+            "endpoint": session.connector.attention.stats(),
+        }
 
     def shutdown(self) -> None:
         """Close the AFD connector (waking any blocked exchange), then shut down vLLM's."""

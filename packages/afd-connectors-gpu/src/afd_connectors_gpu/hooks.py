@@ -12,7 +12,8 @@ from afd_core.specs import ConnectorSpec
 
 @hookimpl
 def afd_connectors() -> list[ConnectorSpec]:
-    """The NCCL P2P connector (eager and CUDA graphs: NONE, FULL, FULL_DECODE_ONLY)."""
+    """The NCCL P2P connector (eager and CUDA graphs: NONE, FULL, FULL_DECODE_ONLY) and the
+    expert-routed M:N connector (eager; NCCL on CUDA, gloo elsewhere)."""
     return [
         ConnectorSpec(
             name="P2pNcclAFDConnector",
@@ -20,5 +21,13 @@ def afd_connectors() -> list[ConnectorSpec]:
             platforms=("cuda",),
             supports_cuda_graphs=True,
             description="Point-to-point connector: gloo control plane, NCCL data plane",
-        )
+        ),
+        ConnectorSpec(
+            name="DeepEPM2NAFDConnector",
+            target="afd_connectors_gpu.deepep_m2n:DeepEPM2NAFDConnector",
+            platforms=("cpu", "cuda"),
+            supports_cuda_graphs=False,
+            exchange="expert",
+            description="Expert-routed M:N: routed experts split over the FFN ranks",
+        ),
     ]

@@ -29,7 +29,7 @@ from afd_core.coercion import (
 from afd_core.connector import Connector
 from afd_core.errors import AFDConfigError, AFDInstallError
 from afd_core.specs import ConnectorSpec
-from afd_core.topology import ROLES, Role, Topology
+from afd_core.topology import ROLES, ExchangePattern, Role, Topology
 
 #: Every key ``additional_config["afd"]`` accepts, in documentation order.
 KEYS: tuple[str, ...] = (
@@ -68,6 +68,9 @@ class AFDConfig:
     ``role_rank`` overrides the rank derived from vLLM's data-parallel rank (for
     deployments whose attention ranks are separate servers). ``ffn_cuda_graphs`` bounds
     the CUDA graphs an FFN rank keeps, one per step shape (0: serve graph steps eagerly).
+    ``exchange`` is not a key: it is the connector's exchange pattern (its
+    :class:`~afd_core.specs.ConnectorSpec`), which decides the topology and what each role
+    builds (``"expert"``: routed experts split over the FFN ranks).
     """
 
     role: Role
@@ -82,11 +85,12 @@ class AFDConfig:
     connector_extra_config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     role_rank: int | None = None
     ffn_cuda_graphs: int = 128
+    exchange: ExchangePattern = "block"
 
     @property
     def topology(self) -> Topology:
         """The rank map of this deployment."""
-        return Topology(self.num_attention_ranks, self.num_ffn_ranks)
+        return Topology(self.num_attention_ranks, self.num_ffn_ranks, self.exchange)
 
     def shared_view(self) -> dict[str, Any]:
         """The settings both roles must agree on (compared at rendezvous)."""
@@ -185,10 +189,16 @@ def parse_afd_config(
         1,
         "count the FFN ranks (FFN workers) of the deployment",
     )
-    topology = _topology(num_attention_ranks, num_ffn_ranks)
+    topology = _topology(num_attention_ranks, num_ffn_ranks, spec)
     compute_gate = to_bool(
         "compute_gate_on_attention", values.get("compute_gate_on_attention", False)
     )
+    if spec.exchange == "expert" and not compute_gate:
+        raise AFDConfigError(
+            f"AFD config: connector {spec.name!r} routes every token to the FFN ranks that "
+            "hold its experts, so the router runs on the attention role: it requires "
+            'compute_gate_on_attention true, got false; set "compute_gate_on_attention": true'
+        )
     role_rank = _parse_role_rank(values, role, topology)
     ffn_cuda_graphs = to_int_at_least(
         "ffn_cuda_graphs",
@@ -210,6 +220,7 @@ def parse_afd_config(
         connector_extra_config=MappingProxyType(extra),
         role_rank=role_rank,
         ffn_cuda_graphs=ffn_cuda_graphs,
+        exchange=spec.exchange,
     )
 
 
@@ -290,11 +301,15 @@ def _parse_async_dp(
     return async_dp
 
 
-def _topology(num_attention_ranks: int, num_ffn_ranks: int) -> Topology:
+def _topology(num_attention_ranks: int, num_ffn_ranks: int, spec: ConnectorSpec) -> Topology:
     try:
-        return Topology(num_attention_ranks, num_ffn_ranks)
+        return Topology(num_attention_ranks, num_ffn_ranks, spec.exchange)
     except AFDConfigError as exc:
         reason = str(exc).removeprefix("AFD topology: ")
+        if spec.exchange == "block":
+            reason = reason.replace(
+                "use fewer FFN ranks", f"use fewer FFN ranks ({spec.name} pairs ranks in blocks)"
+            )
         raise AFDConfigError(f"AFD config: {reason}") from exc
 
 

@@ -227,6 +227,10 @@ class AttentionEndpoint(ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} does not support CUDA graph steps")
 
+    def stats(self) -> dict[str, Any]:
+        """Counters of this endpoint (JSON-friendly; the default has none)."""
+        return {}
+
 
 class FFNEndpoint(ABC):
     """The FFN side of a connector: take a step, receive each layer, send each result.
@@ -286,6 +290,10 @@ class FFNEndpoint(ABC):
         connector) past the timeout, AFDShutdown when the connector is closed.
         """
         raise NotImplementedError(f"{type(self).__name__} does not support CUDA graph steps")
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of this endpoint (JSON-friendly; the default has none)."""
+        return {}
 
 
 @dataclass(frozen=True)

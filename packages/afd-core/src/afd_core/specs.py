@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from afd_core.errors import AFDInstallError
-from afd_core.topology import Role
+from afd_core.topology import ExchangePattern, Role
 
 Platform = Literal["cpu", "cuda", "npu"]
 PLATFORMS: tuple[Platform, ...] = ("cpu", "cuda", "npu")
@@ -45,6 +45,9 @@ class ConnectorSpec:
     ``platforms``: where it can run. ``requires_async_dp``: the connector only works with
     ``async_dp=true`` (and ``async_dp=true`` is only valid with such a connector).
     ``supports_cuda_graphs``: its data plane can be captured in a CUDA graph.
+    ``exchange``: how it pairs the ranks (:mod:`afd_core.topology`): ``"block"`` (P2P,
+    every FFN rank holds every expert) or ``"expert"`` (routed experts split over the FFN
+    ranks; needs the gate on the attention role).
     """
 
     name: str
@@ -53,6 +56,7 @@ class ConnectorSpec:
     requires_async_dp: bool = False
     supports_cuda_graphs: bool = False
     description: str = ""
+    exchange: ExchangePattern = "block"
 
     def load(self) -> type:
         """Import and return the connector class."""

@@ -2,10 +2,16 @@
 
 An AFD world holds ``num_ffn_ranks`` FFN ranks followed by ``num_attention_ranks``
 attention ranks (FFN first, so FFN rank 0 is world rank 0 and hosts the rendezvous
-store). Each FFN rank serves a contiguous block of attention ranks; block sizes differ
-by at most one, larger blocks first. Every attention rank sends its own per-step control
-payload to the FFN rank that serves it, so each FFN rank learns the token counts of
-exactly the attention ranks in its block.
+store). The connector's exchange pattern decides who exchanges with whom:
+
+* ``"block"`` (P2P): each FFN rank serves a contiguous block of attention ranks; block
+  sizes differ by at most one, larger blocks first, so ``A >= F``. Every attention rank
+  sends its own per-step control payload to the FFN rank that serves it, so each FFN
+  rank learns the token counts of exactly the attention ranks in its block.
+* ``"expert"`` (expert-routed M:N): routed experts are split over the FFN ranks
+  (:mod:`afd_core.expert.placement`) and every attention rank exchanges with every FFN
+  rank; any ``A`` and ``F``. Attention ranks send their control payloads to FFN rank 0,
+  which forwards each step to the other FFN ranks.
 
 Pure Python: no torch, no vLLM.
 """
@@ -19,26 +25,36 @@ from afd_core.errors import AFDConfigError
 
 Role = Literal["attention", "ffn"]
 ROLES: tuple[Role, ...] = ("attention", "ffn")
+#: How a connector pairs the ranks (see the module docstring).
+ExchangePattern = Literal["block", "expert"]
+EXCHANGE_PATTERNS: tuple[ExchangePattern, ...] = ("block", "expert")
 
 
 @dataclass(frozen=True)
 class Topology:
     """The static rank map for ``num_attention_ranks`` (A) and ``num_ffn_ranks`` (F).
 
-    Requires ``A >= F >= 1`` so that every FFN rank serves at least one attention rank.
+    With the ``"block"`` exchange it requires ``A >= F >= 1`` so that every FFN rank
+    serves at least one attention rank; with ``"expert"`` any ``A, F >= 1``.
     """
 
     num_attention_ranks: int
     num_ffn_ranks: int
+    exchange: ExchangePattern = "block"
 
     def __post_init__(self) -> None:
         a, f = self.num_attention_ranks, self.num_ffn_ranks
+        if self.exchange not in EXCHANGE_PATTERNS:
+            raise AFDConfigError(
+                f"AFD topology: exchange pattern {self.exchange!r} is not one of "
+                f"{list(EXCHANGE_PATTERNS)}"
+            )
         if f < 1 or a < 1:
             raise AFDConfigError(
                 f"AFD topology: num_attention_ranks ({a}) and num_ffn_ranks ({f}) "
                 "must both be positive integers"
             )
-        if a < f:
+        if a < f and self.exchange == "block":
             raise AFDConfigError(
                 f"AFD topology: num_attention_ranks ({a}) must be >= num_ffn_ranks ({f}), "
                 "since every FFN rank serves at least one attention rank; add attention "
@@ -54,16 +70,24 @@ class Topology:
         """The attention ranks served by ``ffn_rank``, as a contiguous range.
 
         The first ``A % F`` blocks have ``A // F + 1`` ranks, the others ``A // F``.
+        With the ``"expert"`` exchange every FFN rank serves every attention rank.
         """
         self._check_rank("ffn", ffn_rank)
+        if self.exchange == "expert":
+            return range(self.num_attention_ranks)
         base, extra = divmod(self.num_attention_ranks, self.num_ffn_ranks)
         start = ffn_rank * base + min(ffn_rank, extra)
         size = base + (1 if ffn_rank < extra else 0)
         return range(start, start + size)
 
     def ffn_rank_of(self, attention_rank: int) -> int:
-        """The FFN rank that serves ``attention_rank``."""
+        """The FFN rank that serves ``attention_rank`` (``"block"`` exchange only)."""
         self._check_rank("attention", attention_rank)
+        if self.exchange == "expert":
+            raise AFDConfigError(
+                "AFD topology: with the expert exchange every FFN rank serves every attention "
+                "rank; there is no single serving FFN rank"
+            )
         base, extra = divmod(self.num_attention_ranks, self.num_ffn_ranks)
         big = extra * (base + 1)  # attention ranks covered by the larger blocks
         if attention_rank < big:
@@ -87,6 +111,9 @@ class Topology:
 
     def peers_of(self, role: Role, role_rank: int) -> tuple[int, ...]:
         """World ranks this rank exchanges data with, in block order."""
+        if role == "attention" and self.exchange == "expert":
+            self._check_rank("attention", role_rank)
+            return tuple(self.world_rank("ffn", f) for f in range(self.num_ffn_ranks))
         if role == "attention":
             return (self.world_rank("ffn", self.ffn_rank_of(role_rank)),)
         return tuple(self.world_rank("attention", a) for a in self.block_of(role_rank))
@@ -94,8 +121,12 @@ class Topology:
     def control_senders(self, ffn_rank: int) -> tuple[int, ...]:
         """Attention role ranks whose control payloads reach ``ffn_rank``.
 
-        Every attention rank of the block sends its own payload, so this equals the block.
+        P2P: every attention rank of the block sends its own payload, so this equals the
+        block. Expert exchange: all of them reach FFN rank 0, none the others (FFN rank
+        0 forwards the steps).
         """
+        if self.exchange == "expert":
+            return tuple(range(self.num_attention_ranks)) if ffn_rank == 0 else ()
         return tuple(self.block_of(ffn_rank))
 
     def num_ranks(self, role: Role) -> int:
@@ -117,6 +148,16 @@ class Topology:
             f"AFD world: {self.world_size} ranks "
             f"({self.num_ffn_ranks} FFN first, then {self.num_attention_ranks} attention)"
         ]
+        if self.exchange == "expert":
+            lines.append(
+                "  expert exchange: every attention rank sends each token to the FFN ranks "
+                "holding its experts"
+            )
+            lines.append(
+                "  control payloads of every attention rank go to FFN 0 (world 0), which "
+                "forwards each step to the other FFN ranks"
+            )
+            return "\n".join(lines)
         for f in range(self.num_ffn_ranks):
             block = self.block_of(f)
             attn = ", ".join(

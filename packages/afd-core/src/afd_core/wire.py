@@ -70,6 +70,42 @@ def decode_control_frame(frame: bytes) -> ControlPayload:
     return ControlPayload.decode(bytes(frame[_LENGTH.size : _LENGTH.size + length]))
 
 
+def step_frame_bytes(num_attention_ranks: int) -> int:
+    """Size of a step frame (:func:`encode_step_frame`) of a world of that many attention ranks."""
+    return _LENGTH.size + num_attention_ranks * CONTROL_FRAME_BYTES
+
+
+def encode_step_frame(payloads: tuple[ControlPayload, ...], num_attention_ranks: int) -> bytes:
+    """One step's payloads as FFN rank 0 forwards them: a count, then a control frame each,
+    zero padding to :func:`step_frame_bytes`."""
+    frames = b"".join(encode_control_frame(p) for p in payloads)
+    return (_LENGTH.pack(len(payloads)) + frames).ljust(
+        step_frame_bytes(num_attention_ranks), b"\0"
+    )
+
+
+def decode_step_frame(frame: bytes, num_attention_ranks: int) -> tuple[ControlPayload, ...]:
+    """Parse :func:`encode_step_frame` output; AFDProtocolError for anything else."""
+    if len(frame) != step_frame_bytes(num_attention_ranks):
+        raise AFDProtocolError(
+            f"AFD control: step frame is {len(frame)} bytes, expected "
+            f"{step_frame_bytes(num_attention_ranks)}"
+        )
+    (count,) = _LENGTH.unpack_from(frame)
+    if not 0 < count <= num_attention_ranks:
+        raise AFDProtocolError(
+            f"AFD control: step frame announces {count} payloads for {num_attention_ranks} "
+            "attention ranks; the peer does not speak this protocol"
+        )
+    start = _LENGTH.size
+    return tuple(
+        decode_control_frame(
+            frame[start + i * CONTROL_FRAME_BYTES : start + (i + 1) * CONTROL_FRAME_BYTES]
+        )
+        for i in range(count)
+    )
+
+
 def describe_rank(topology: Topology, role: Role, role_rank: int) -> str:
     """``"FFN rank 0 (world rank 0)"`` / ``"attention rank 1 (world rank 2)"``."""
     name = "FFN" if role == "ffn" else "attention"

@@ -43,7 +43,7 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
 
 from afd_core.config import afd_config_from_vllm
-from afd_core.connector import Connector, FFNStep
+from afd_core.connector import Connector, ExpertRouting, FFNStep
 from afd_core.errors import AFDConfigError, AFDPeerError, AFDProtocolError, AFDShutdown
 from afd_core.roles import build_connector, model_wire_spec, resolve_role_rank
 from afd_ffn.graphs import FFNStepGraphs
@@ -117,6 +117,12 @@ class FFNServer:
                 stats=self.stats,
             )
 
+    def endpoint_stats(self) -> dict[str, Any]:
+        """The connector endpoint's counters ({} until the rendezvous is done)."""
+        if not self._connector.is_initialized:
+            return {}
+        return self._connector.ffn.stats()
+
     @property
     def is_running(self) -> bool:
         """True while the server thread is alive."""
@@ -160,11 +166,21 @@ class FFNServer:
     def _serve_layer(self, step: FFNStep, layer: int, stage: int) -> None:
         endpoint = self._connector.ffn
         batch = endpoint.recv(step, layer, stage)
-        hidden, logits = batch.hidden, batch.router_logits
-        if self._device is not None:
-            hidden = hidden.to(self._device)
-            logits = None if logits is None else logits.to(self._device)
-        endpoint.send(batch, self._model.afd_compute_ffn(layer, hidden, logits))
+        hidden, logits, routing = batch.hidden, batch.router_logits, batch.routing
+        device = self._device
+        if device is not None:
+            hidden = hidden.to(device)
+            logits = None if logits is None else logits.to(device)
+        if routing is None:
+            output = self._model.afd_compute_ffn(layer, hidden, logits)
+        else:
+            if device is not None:
+                routing = ExpertRouting(
+                    routing.topk_ids.to(device), routing.topk_weights.to(device)
+                )
+            output = self._model.afd_compute_experts(layer, hidden, routing)
+        self.stats.rows += hidden.shape[0]
+        endpoint.send(batch, output)
 
     def _serve_graph_step(self, step: FFNStep) -> None:
         if self._graphs is None:

@@ -15,13 +15,16 @@ class FFNStats:
     token counts once per step, not once per layer). CUDA graphs: ``graphs_captured``
     (capture steps; they move no data and are not counted as steps), ``graph_replays``
     and ``graph_steps_eager`` (graph steps served by replaying a captured graph, or
-    eagerly because no graph of their shape is kept). Written only by the server thread;
-    readers see whole numbers (Python int updates are atomic), possibly one step behind.
+    eagerly because no graph of their shape is kept). ``rows``: rows computed over all
+    eager layer exchanges (a token counts once per layer; with an expert-routed connector
+    only the tokens routed to this rank). Written only by the server thread; readers see
+    whole numbers (Python int updates are atomic), possibly one step behind.
     """
 
     steps: int = 0
     layer_exchanges: int = 0
     tokens: int = 0
+    rows: int = 0
     graphs_captured: int = 0
     graph_replays: int = 0
     graph_steps_eager: int = 0

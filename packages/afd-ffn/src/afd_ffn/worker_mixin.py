@@ -77,12 +77,13 @@ class FFNWorkerMixin:
         if server is not None and server.error is not None:
             raise AFDError(f"AFD FFN server failed: {server.error}") from server.error
 
-    def afd_stats(self) -> dict[str, int]:
-        """The FFN server's counters: ``steps``, ``layer_exchanges`` and ``tokens``."""
+    def afd_stats(self) -> dict[str, Any]:
+        """The FFN server's counters (:class:`~afd_ffn.stats.FFNStats`) and, once connected,
+        its endpoint's (``"endpoint"``: e.g. the expert block and rows per layer)."""
         server = self._afd_server
         if server is None:
             raise AFDError("AFD FFN: the FFN server has not started yet (model still loading)")
-        return server.stats.as_dict()
+        return server.stats.as_dict() | {"endpoint": server.endpoint_stats()}
 
     def shutdown(self) -> None:
         """Stop the FFN server (bounded), then shut down vLLM's worker."""

@@ -10,6 +10,11 @@ registered as ``DeepseekV2ForCausalLM`` and ``DeepseekV3ForCausalLM``.
 * FFN role: the stock ``DeepseekV2MoE`` (gate, routed and shared experts) or
   ``DeepseekV2MLP`` of every layer, loaded by DeepSeek's own hand-rolled loader. With the
   gate on attention the MoE runner has no gate but keeps the V3 routing bias.
+
+With an expert-routed connector (:mod:`afd_models.routed`) the attention role keeps the
+stock ``DeepseekV2MoE`` blocks (gate, routing bias, router, shared experts) and the dense
+first layers, with a routed exchange in place of each MoE runner; each FFN rank holds
+only the runner of its block of routed experts.
 """
 
 from __future__ import annotations
@@ -36,16 +41,26 @@ from vllm.model_executor.models.utils import extract_layer_index, maybe_prefix
 
 from afd_core.config import AFDConfig
 from afd_core.connector import WireSpec
+from afd_core.expert.placement import ExpertPlacement
 from afd_models.layers import (
     DenseExchangeMLP,
     ExchangeMLP,
     FFNStack,
+    NoMLP,
     check_attention_stack,
+    check_routed_attention_stack,
     detach_gate,
     stand_ins,
 )
 from afd_models.role_mixins import AttentionRoleMixin, FFNRoleMixin
-from afd_models.roles import RoleDispatch, afd_config, clear_moe_attributes, make_wire_spec
+from afd_models.roles import (
+    RoleDispatch,
+    afd_config,
+    clear_moe_attributes,
+    ffn_role_rank,
+    make_wire_spec,
+)
+from afd_models.routed import LocalExperts, local_experts_factory, routed_exchange_factory
 
 
 class AFDDeepseekV2ForCausalLM(RoleDispatch, DeepseekV2ForCausalLM):
@@ -65,13 +80,21 @@ def _is_moe_layer(config: Any, layer: int) -> bool:
     )
 
 
+def _placement(vllm_config: VllmConfig, afd: AFDConfig) -> ExpertPlacement | None:
+    """The expert blocks of an expert-routed deployment, else None."""
+    if afd.exchange != "expert":
+        return None
+    return ExpertPlacement(vllm_config.model_config.hf_config.n_routed_experts, afd.num_ffn_ranks)
+
+
 def _wire_spec(vllm_config: VllmConfig, afd: AFDConfig) -> WireSpec:
     config = vllm_config.model_config.hf_config
     return make_wire_spec(
         vllm_config,
+        afd,
         num_layers=config.num_hidden_layers,
         num_experts=config.n_routed_experts or 0,
-        gate_on_attention=afd.compute_gate_on_attention,
+        top_k=config.num_experts_per_tok or 0,
         # DeepseekV2MoE's gate returns router_dtype, or the model dtype when unset.
         router_logits_dtype=_get_moe_router_dtype(config) or vllm_config.model_config.dtype,
         dense_layers=tuple(
@@ -102,11 +125,22 @@ class _DeepseekAttentionRole(AttentionRoleMixin):
     """The attention role of DeepSeek-V2/V3 (see the module docstring)."""
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
-        with stand_ins(stock, DeepseekV2MoE=_AttentionMoE, DeepseekV2MLP=DenseExchangeMLP):
-            super().__init__(vllm_config=vllm_config, prefix=prefix)
-        check_attention_stack(self.model.layers, type(self).__name__)
-        self.afd = afd_config(vllm_config)
-        self.afd_wire = _wire_spec(vllm_config, self.afd)
+        afd = afd_config(vllm_config)
+        placement = _placement(vllm_config, afd)
+        wire = _wire_spec(vllm_config, afd)
+        if placement is not None:
+            with stand_ins(stock, FusedMoEFactory=routed_exchange_factory):
+                super().__init__(vllm_config=vllm_config, prefix=prefix)
+            check_routed_attention_stack(
+                self.model.layers, wire.exchange_layers, type(self).__name__
+            )
+        else:
+            with stand_ins(stock, DeepseekV2MoE=_AttentionMoE, DeepseekV2MLP=DenseExchangeMLP):
+                super().__init__(vllm_config=vllm_config, prefix=prefix)
+            check_attention_stack(self.model.layers, type(self).__name__)
+        self.afd = afd
+        self.afd_wire = wire
+        self.afd_placement = placement
 
     def set_moe_parameters(self) -> None:
         """Called by the stock ``__init__``: no local experts on the attention role."""
@@ -143,6 +177,9 @@ class _DeepseekFFNRole(FFNRoleMixin):
         self.quant_config = vllm_config.quant_config
         self.afd = afd_config(vllm_config)
         self.afd_wire = _wire_spec(vllm_config, self.afd)
+        self.afd_placement = _placement(vllm_config, self.afd)
+        if self.afd_placement is not None:
+            self.afd_ffn_rank = ffn_role_rank(vllm_config, self.afd)
         self.routed_scaling_factor = getattr(config, "routed_scaling_factor", 1.0)
         layers_prefix = f"{maybe_prefix(prefix, 'model')}.layers"
         mlps = [
@@ -153,8 +190,17 @@ class _DeepseekFFNRole(FFNRoleMixin):
         self.set_moe_parameters()
 
     def _build_mlp(self, vllm_config: VllmConfig, layer: int, prefix: str) -> nn.Module:
-        """The block ``DeepseekV2DecoderLayer`` builds for ``layer``, same arguments."""
+        """The block ``DeepseekV2DecoderLayer`` builds for ``layer``, same arguments
+        (expert-routed: only the runner of this rank's experts, nothing for dense layers)."""
         config = self.config
+        placement = self.afd_placement
+        if placement is not None:
+            if not _is_moe_layer(config, layer):
+                return NoMLP()
+            local = local_experts_factory(len(placement.block(self.afd_ffn_rank)))
+            with stand_ins(stock, FusedMoEFactory=local):
+                block = self._stock_moe(vllm_config, prefix)
+            return LocalExperts(block.experts)
         if not _is_moe_layer(config, layer):
             return DeepseekV2MLP(
                 hidden_size=config.hidden_size,
@@ -163,19 +209,38 @@ class _DeepseekFFNRole(FFNRoleMixin):
                 quant_config=self.quant_config,
                 prefix=prefix,
             )
-        block = DeepseekV2MoE(
-            config=config,
+        block = self._stock_moe(vllm_config, prefix)
+        if self.afd.compute_gate_on_attention:
+            detach_gate(block)
+        return block
+
+    def _stock_moe(self, vllm_config: VllmConfig, prefix: str) -> DeepseekV2MoE:
+        """A ``DeepseekV2MoE`` built as ``DeepseekV2DecoderLayer`` builds it."""
+        return DeepseekV2MoE(
+            config=self.config,
             parallel_config=vllm_config.parallel_config,
             quant_config=self.quant_config,
             prefix=prefix,
             apply_routed_scale_to_output=not rocm_aiter_ops.is_fused_moe_enabled(),
         )
-        if self.afd.compute_gate_on_attention:
-            detach_gate(block)
-        return block
 
     def set_moe_parameters(self) -> None:
-        """vLLM's MixtureOfExperts fields, as the stock ``set_moe_parameters`` sets them."""
+        """vLLM's MixtureOfExperts fields, as the stock ``set_moe_parameters`` sets them
+        (expert-routed: for this rank's experts)."""
+        if self.afd_placement is not None:
+            local = [
+                layer.mlp for layer in self.model.layers if isinstance(layer.mlp, LocalExperts)
+            ]
+            count = len(self.afd_placement.block(self.afd_ffn_rank))
+            self.moe_mlp_layers = local
+            self.moe_layers = [block.experts for block in local]
+            self.num_moe_layers = len(local)
+            self.num_expert_groups = 1
+            self.num_shared_experts = 0
+            self.num_logical_experts = self.num_physical_experts = count
+            self.num_local_physical_experts = self.num_routed_experts = count
+            self.num_redundant_experts = 0
+            return
         self.num_expert_groups = getattr(self.config, "n_group", 1)
         self.moe_mlp_layers = [
             layer.mlp for layer in self.model.layers if isinstance(layer.mlp, DeepseekV2MoE)

@@ -1,4 +1,4 @@
-"""The per-layer exchange op: ``torch.ops.afd.exchange(hidden, router_logits, layer)``.
+"""The per-layer exchange ops: ``torch.ops.afd.exchange`` and ``torch.ops.afd.exchange_experts``.
 
 vLLM compiles the decoder stack with ``torch.compile(fullgraph=True)`` and drops all
 guards (on CPU too, as DYNAMO_TRACE_ONCE + inductor), so Python inside the model's
@@ -10,7 +10,14 @@ layer of every step, so it is an opaque custom op (the pattern of ``vllm::moe_fo
 * its real implementation calls the process's active :class:`~afd_models.roles.Exchanger`
   (:func:`set_exchanger`), at run time, on every call.
 
-Schema: ``afd::exchange(Tensor hidden, Tensor? router_logits, int layer) -> Tensor``.
+Schemas:
+
+* ``afd::exchange(Tensor hidden, Tensor? router_logits, int layer) -> Tensor``: a whole
+  MLP/MoE block on the FFN role (P2P connectors), ``Exchanger.exchange``;
+* ``afd::exchange_experts(Tensor hidden, Tensor topk_weights, Tensor topk_ids, int layer)
+  -> Tensor``: only the routed experts, with the routing the attention role chose
+  (expert-routed connectors), ``Exchanger.exchange_experts``.
+
 ``layer`` is a Python int baked into the graph as a constant (one call site per layer).
 
 Importing this module registers the op (once per process; importing again is a no-op).
@@ -53,6 +60,12 @@ def get_exchanger() -> Exchanger:
 
 def _exchange(hidden: torch.Tensor, router_logits: torch.Tensor | None, layer: int) -> torch.Tensor:
     out = get_exchanger().exchange(hidden, router_logits, layer)
+    _check_output(out, hidden, layer)
+    return out
+
+
+def _check_output(out: torch.Tensor, hidden: torch.Tensor, layer: int) -> None:
+    """The exchanger's result must be a new tensor shaped like the op's input."""
     if out.shape != hidden.shape or out.dtype != hidden.dtype:
         raise RuntimeError(
             f"AFD: the exchanger returned {tuple(out.shape)} {out.dtype} for layer {layer}, "
@@ -64,7 +77,6 @@ def _exchange(hidden: torch.Tensor, router_logits: torch.Tensor | None, layer: i
             f"AFD: the exchanger returned a view of its input for layer {layer}; a custom "
             "op's output must not alias its inputs: return a new tensor"
         )
-    return out
 
 
 def _exchange_fake(
@@ -73,17 +85,32 @@ def _exchange_fake(
     return torch.empty_like(hidden)
 
 
-def _op_is_registered() -> bool:
-    return hasattr(getattr(torch.ops, _NAMESPACE), _OP_NAME)
+def _exchange_experts(
+    hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, layer: int
+) -> torch.Tensor:
+    out = get_exchanger().exchange_experts(hidden, topk_weights, topk_ids, layer)
+    _check_output(out, hidden, layer)
+    return out
 
 
-# The op lives as long as this library object (module global, never released).
+def _exchange_experts_fake(
+    hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, layer: int
+) -> torch.Tensor:
+    return torch.empty_like(hidden)
+
+
+def _op_is_registered(name: str) -> bool:
+    return hasattr(getattr(torch.ops, _NAMESPACE), name)
+
+
+# The ops live as long as this library object (module global, never released).
 _library = torch.library.Library(_NAMESPACE, "FRAGMENT")
 
-if not _op_is_registered():
-    direct_register_custom_op(
-        op_name=_OP_NAME,
-        op_func=_exchange,
-        fake_impl=_exchange_fake,
-        target_lib=_library,
-    )
+for _name, _impl, _fake in (
+    (_OP_NAME, _exchange, _exchange_fake),
+    ("exchange_experts", _exchange_experts, _exchange_experts_fake),
+):
+    if not _op_is_registered(_name):
+        direct_register_custom_op(
+            op_name=_name, op_func=_impl, fake_impl=_fake, target_lib=_library
+        )

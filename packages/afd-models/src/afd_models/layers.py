@@ -13,7 +13,7 @@ FFN role: an :class:`FFNStack` mirrors the module paths of the checkpoint
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import ModuleType
 
@@ -57,20 +57,21 @@ class DenseExchangeMLP(ExchangeMLP):
 
 
 @contextmanager
-def stand_ins(module: ModuleType, **replacements: type[nn.Module]) -> Iterator[None]:
-    """Within the block, the classes named in ``replacements`` resolve, inside the vLLM
-    model ``module``, to the given stand-in classes; the originals come back on exit.
+def stand_ins(module: ModuleType, **replacements: Callable[..., nn.Module]) -> Iterator[None]:
+    """Within the block, the classes (or factories, such as ``FusedMoEFactory``) named in
+    ``replacements`` resolve, inside the vLLM model ``module``, to the given stand-ins;
+    the originals come back on exit.
 
-    Raises AFDInstallError (before changing anything) when a name is not a class of
-    ``module``: that vLLM version builds its layers differently.
+    Raises AFDInstallError (before changing anything) when a name is not a class or
+    function of ``module``: that vLLM version builds its layers differently.
     """
-    originals: dict[str, type] = {}
+    originals: dict[str, Callable[..., nn.Module]] = {}
     for name in replacements:
         original = vars(module).get(name)
-        if not isinstance(original, type):
+        if not callable(original):
             raise AFDInstallError(
-                f"AFD: {module.__name__} has no class {name}, so afd-models cannot build "
-                "the attention role of this model; install the vLLM version afd-models "
+                f"AFD: {module.__name__} has no class or function {name}, so afd-models "
+                "cannot build the roles of this model; install the vLLM version afd-models "
                 "supports (0.32)"
             )
         originals[name] = original
@@ -101,6 +102,29 @@ def check_attention_stack(layers: Sequence[nn.Module], model_name: str) -> None:
             )
 
 
+def check_routed_attention_stack(
+    layers: Sequence[nn.Module], moe_layers: Sequence[int], model_name: str
+) -> None:
+    """Expert-routed attention role: raise AFDInstallError unless every MoE layer's runner
+    is a :class:`~afd_models.routed.RoutedExchange` and no MoE runner (which would hold
+    routed expert weights) was built anywhere."""
+    from afd_models.routed import RoutedExchange
+
+    for index, layer in enumerate(layers):
+        experts = getattr(getattr(layer, "mlp", None), "experts", None)
+        if index in moe_layers and not isinstance(experts, RoutedExchange):
+            raise AFDInstallError(
+                f"AFD: MoE layer {index} of the attention role of {model_name} built "
+                f"{type(experts).__name__} instead of the routed exchange; this vLLM version "
+                "is not supported by afd-models"
+            )
+        if any(isinstance(m, MoERunnerInterface) for m in layer.modules()):
+            raise AFDInstallError(
+                f"AFD: layer {index} of the attention role of {model_name} built an MoE "
+                "runner; this vLLM version is not supported by afd-models"
+            )
+
+
 def detach_gate(block: nn.Module) -> None:
     """Take the router gate out of a stock MoE block built for the FFN role.
 
@@ -119,6 +143,11 @@ def detach_gate(block: nn.Module) -> None:
     # Replaced in place, the module keeps its position, so the bias (also held by the
     # runner's routed experts) keeps its checkpoint name in named_parameters().
     block.gate = holder
+
+
+class NoMLP(nn.Module):
+    """The ``mlp`` of a decoder layer whose MLP the FFN role does not hold (expert-routed
+    deployments: dense layers run on the attention role)."""
 
 
 class FFNLayer(nn.Module):

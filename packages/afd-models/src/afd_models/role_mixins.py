@@ -3,7 +3,8 @@
 A role class lists the mixin first in its bases, before the registered wrapper
 (``class AttentionX(AttentionRoleMixin, AFDX)``), so the mixin's methods win over the
 stock ones and ``super()`` reaches the stock model. Each role class's ``__init__`` sets
-``afd`` (the :class:`~afd_core.config.AFDConfig`) and ``afd_wire`` (its WireSpec).
+``afd`` (the :class:`~afd_core.config.AFDConfig`), ``afd_wire`` (its WireSpec) and, with
+an expert-routed connector, ``afd_placement`` (and, on the FFN role, ``afd_ffn_rank``).
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ from vllm.model_executor.layers.fused_moe.runner.moe_runner_interface import (
 from vllm.model_executor.models.utils import AutoWeightsLoader
 
 from afd_core.config import AFDConfig
-from afd_core.connector import WireSpec
+from afd_core.connector import ExpertRouting, WireSpec
+from afd_core.expert.placement import ExpertPlacement
 from afd_models.layers import FFNStack
 from afd_models.roles import FFN_NOT_SCHEDULED
+from afd_models.routed import LocalExperts, compute_local_experts
 from afd_models.weight_filter import role_weights
 
 
@@ -30,10 +33,12 @@ class AttentionRoleMixin:
 
     afd: AFDConfig
     afd_wire: WireSpec
+    afd_placement: ExpertPlacement | None = None
 
     def afd_exchange_layers(self) -> tuple[int, ...]:
-        """Every decoder layer, in order: each one exchanges once per forward."""
-        return tuple(range(self.afd_wire.num_exchange_layers))
+        """The exchanging decoder layers, in order (all of them, or the MoE layers of an
+        expert-routed deployment): each one exchanges once per forward."""
+        return self.afd_wire.exchange_layers
 
     def afd_wire_spec(self) -> WireSpec:
         """The shapes this role sends and expects."""
@@ -41,8 +46,12 @@ class AttentionRoleMixin:
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """The stock loader, fed only the tensors the attention role owns."""
-        gate_on_attention = self.afd.compute_gate_on_attention
-        kept = role_weights(weights, "attention", gate_on_attention=gate_on_attention)
+        kept = role_weights(
+            weights,
+            "attention",
+            gate_on_attention=self.afd.compute_gate_on_attention,
+            placement=self.afd_placement,
+        )
         return super().load_weights(kept)  # type: ignore[misc]
 
 
@@ -52,10 +61,30 @@ class FFNRoleMixin:
     afd: AFDConfig
     afd_wire: WireSpec
     model: FFNStack
+    afd_placement: ExpertPlacement | None = None
+    afd_ffn_rank: int = 0
 
     def afd_exchange_layers(self) -> tuple[int, ...]:
-        """Every decoder layer, in order: each one exchanges once per forward."""
-        return tuple(range(len(self.model.layers)))
+        """The exchanging decoder layers, in order (see :class:`AttentionRoleMixin`)."""
+        return self.afd_wire.exchange_layers
+
+    def afd_compute_experts(
+        self, layer: int, hidden: torch.Tensor, routing: ExpertRouting
+    ) -> torch.Tensor:
+        """Expert-routed: this rank's experts of MoE layer ``layer`` on ``hidden``.
+
+        ``routing`` has local expert ids; see :func:`afd_models.routed.compute_local_experts`.
+        Raises ValueError for a layer without this rank's experts.
+        """
+        mlp = self.model.layers[layer].mlp if 0 <= layer < len(self.model.layers) else None
+        if not isinstance(mlp, LocalExperts):
+            raise ValueError(
+                f"AFD FFN: layer {layer} holds no routed experts of this FFN rank (its MoE "
+                f"layers are {self.afd_wire.exchange_layers})"
+            )
+        if not hidden.shape[0]:
+            return hidden.clone()
+        return compute_local_experts(mlp, hidden, routing)
 
     def afd_wire_spec(self) -> WireSpec:
         """The shapes this role receives and returns."""
@@ -104,8 +133,13 @@ class FFNRoleMixin:
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load only the FFN role's tensors, through the stack's stock loader."""
-        gate_on_attention = self.afd.compute_gate_on_attention
-        kept = role_weights(weights, "ffn", gate_on_attention=gate_on_attention)
+        kept = role_weights(
+            weights,
+            "ffn",
+            gate_on_attention=self.afd.compute_gate_on_attention,
+            placement=self.afd_placement,
+            ffn_rank=self.afd_ffn_rank,
+        )
         return AutoWeightsLoader(self).load_weights(kept)
 
     def forward(self, *args: Any, **kwargs: Any) -> NoReturn:

@@ -23,7 +23,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from afd_core.config import AFDConfig, afd_config_from_vllm
-from afd_core.connector import WireSpec
+from afd_core.connector import ExpertRouting, WireSpec
 from afd_core.errors import AFDConfigError
 from afd_core.topology import Role
 
@@ -94,6 +94,17 @@ class FFNModel(Protocol):
         """
         ...
 
+    def afd_compute_experts(
+        self, layer: int, hidden: torch.Tensor, routing: ExpertRouting
+    ) -> torch.Tensor:
+        """Expert-routed deployments: this FFN rank's routed experts of MoE layer
+        ``layer`` on ``hidden`` ``[rows, hidden]`` with ``routing`` (local expert ids,
+        weights; weight 0 for experts of other ranks). Returns the weighted sum of its
+        experts per row, a new ``[rows, hidden]`` tensor; same forward context as
+        :meth:`afd_compute_ffn`.
+        """
+        ...
+
     def afd_wire_spec(self) -> WireSpec:
         """The shapes this role receives and returns (compared at rendezvous)."""
         ...
@@ -130,10 +141,11 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def make_wire_spec(
     vllm_config: Any,
+    afd: AFDConfig,
     *,
     num_layers: int,
     num_experts: int,
-    gate_on_attention: bool,
+    top_k: int,
     router_logits_dtype: torch.dtype,
     dense_layers: tuple[int, ...] = (),
 ) -> WireSpec:
@@ -141,6 +153,8 @@ def make_wire_spec(
 
     ``router_logits_width`` is ``num_experts`` when the gate runs on attention, else 0;
     ``dense_layers`` are the layers without a router (their messages carry no logits).
+    With an expert-routed connector only the MoE layers exchange (dense MLPs and shared
+    experts run on the attention role, see :mod:`afd_models.routed`).
     """
     model_config = vllm_config.model_config
     hf_config = model_config.hf_text_config
@@ -149,15 +163,30 @@ def make_wire_spec(
         f"{architectures[0]}:h{hf_config.hidden_size}:l{num_layers}"
         f":e{num_experts}:v{hf_config.vocab_size}"
     )
+    exchanged: tuple[int, ...] = ()
+    if afd.exchange == "expert":
+        exchanged = tuple(layer for layer in range(num_layers) if layer not in dense_layers)
     return WireSpec(
         hidden_size=hf_config.hidden_size,
         dtype=dtype_name(model_config.dtype),
-        num_exchange_layers=num_layers,
-        router_logits_width=num_experts if gate_on_attention else 0,
+        num_exchange_layers=len(exchanged) if exchanged else num_layers,
+        router_logits_width=num_experts if afd.compute_gate_on_attention else 0,
         router_logits_dtype=dtype_name(router_logits_dtype),
         model_fingerprint=fingerprint,
         dense_layers=dense_layers,
+        num_experts=num_experts,
+        top_k=top_k,
+        exchange_layer_ids=exchanged,
     )
+
+
+def ffn_role_rank(vllm_config: Any, afd: AFDConfig) -> int:
+    """This FFN worker's rank (as its worker will resolve it), while its model is built."""
+    from vllm.distributed import get_tensor_model_parallel_rank
+
+    from afd_core.roles import resolve_role_rank
+
+    return resolve_role_rank(afd, vllm_config.parallel_config, get_tensor_model_parallel_rank())
 
 
 def clear_moe_attributes(model: Any) -> None:

@@ -15,6 +15,12 @@ Rules, for a name ``...layers.N.mlp.<rest>`` (the MLP or MoE block of decoder la
   MLP of dense layers) -> FFN.
 
 Every other name (embeddings, attention, norms, final norm, ``lm_head``, ...) -> attention.
+
+With an expert-routed connector (a :class:`~afd_core.expert.placement.ExpertPlacement`
+given) the split is different: ``mlp.experts.<E>.*`` (routed expert ``E``) -> the FFN
+rank holding ``E``, which loads it renamed to its local id ``E - first`` of its block;
+every other name, the gate, routing bias, shared experts and dense MLPs included ->
+attention (see :mod:`afd_models.routed` for why they run there).
 """
 
 from __future__ import annotations
@@ -23,12 +29,17 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
+from afd_core.expert.placement import ExpertPlacement
 from afd_core.topology import ROLES, Role
 
 T = TypeVar("T")
 
 # The part after "<anything>.layers.<N>.mlp." of a decoder layer's MLP/MoE tensor.
 _MLP_TENSOR = re.compile(r"(?:^|\.)layers\.\d+\.mlp\.(?P<rest>.+)$")
+# A routed expert's tensor: "<...>.layers.<N>.mlp.experts.<E>.<rest>".
+_EXPERT_TENSOR = re.compile(
+    r"^(?P<head>(?:.*\.)?layers\.\d+\.mlp\.experts\.)(?P<expert>\d+)(?P<tail>\..+)$"
+)
 _ROUTING_BIAS = "e_score_correction_bias"
 
 
@@ -54,19 +65,59 @@ def keep_weight(name: str, role: Role, *, gate_on_attention: bool) -> bool:
     return weight_owner(name, gate_on_attention=gate_on_attention) == role
 
 
+def expert_owner(name: str, placement: ExpertPlacement) -> tuple[Role, int | None]:
+    """Expert-routed split: ``("ffn", f)`` for a routed expert of FFN rank ``f``, else
+    ``("attention", None)`` (see the module rules)."""
+    match = _EXPERT_TENSOR.match(name)
+    if match is None:
+        return "attention", None
+    return "ffn", placement.owner(int(match["expert"]))
+
+
+def local_expert_name(name: str, block: range) -> str:
+    """``name`` of a routed expert of ``block`` with its local id (``E - block.start``)."""
+    match = _EXPERT_TENSOR.match(name)
+    if match is None or int(match["expert"]) not in block:
+        raise ValueError(f"AFD weight filter: {name!r} is not a routed expert of {block}")
+    return f"{match['head']}{int(match['expert']) - block.start}{match['tail']}"
+
+
 def role_weights(
-    weights: Iterable[tuple[str, T]], role: Role, *, gate_on_attention: bool
+    weights: Iterable[tuple[str, T]],
+    role: Role,
+    *,
+    gate_on_attention: bool,
+    placement: ExpertPlacement | None = None,
+    ffn_rank: int = 0,
 ) -> Iterator[tuple[str, T]]:
     """The ``(name, tensor)`` pairs of a checkpoint iterator that ``role`` loads (lazily).
 
-    Raises ValueError at once for a role other than ``"attention"`` or ``"ffn"``.
+    With ``placement`` (expert-routed) the FFN role of ``ffn_rank`` gets its block of
+    routed experts, renamed to local ids. Raises ValueError at once for a role other than
+    ``"attention"`` or ``"ffn"``.
     """
     _check_role(role)
-    return (
-        (name, tensor)
-        for name, tensor in weights
-        if weight_owner(name, gate_on_attention=gate_on_attention) == role
-    )
+    if placement is None:
+        return (
+            (name, tensor)
+            for name, tensor in weights
+            if weight_owner(name, gate_on_attention=gate_on_attention) == role
+        )
+    return _expert_role_weights(weights, role, placement, ffn_rank)
+
+
+def _expert_role_weights(
+    weights: Iterable[tuple[str, T]], role: Role, placement: ExpertPlacement, ffn_rank: int
+) -> Iterator[tuple[str, T]]:
+    block = placement.block(ffn_rank)
+    for name, tensor in weights:
+        owner, rank = expert_owner(name, placement)
+        if owner != role:
+            continue
+        if owner == "attention":
+            yield name, tensor
+        elif rank == ffn_rank:
+            yield local_expert_name(name, block), tensor
 
 
 def _check_role(role: str) -> None:

@@ -4,8 +4,9 @@ Each attention rank is its own vLLM server (data-parallel size 1) with ``role_ra
 to its rank; so is each FFN rank. Both roles start concurrently: each blocks in the
 connector's rendezvous until its peers exist, so the order (``ffn_first``) only says who
 starts first and ``stagger_s`` how long the other waits. Clients talk to the attention
-servers (:attr:`LocalDeployment.endpoints`); the FFN servers run with
-``VLLM_SERVER_DEV_MODE=1`` so their counters are readable through ``/collective_rpc``.
+servers (:attr:`LocalDeployment.endpoints`); every server runs with
+``VLLM_SERVER_DEV_MODE=1`` so its AFD counters are readable through ``/collective_rpc``
+(``afd_stats``).
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ class DeploymentSpec:
                         served_model_name=self.served_model_name,
                         enforce_eager=self.enforce_eager,
                         additional_config={"afd": settings},
-                        dev_mode=role == "ffn",
+                        dev_mode=True,
                         extra_args=self.extra_args,
                         extra_env={**self.extra_env, **self.role_env.get(role, {})},
                     )
@@ -220,6 +221,10 @@ class LocalDeployment:
     def ffn_stats(self) -> list[dict[str, Any]]:
         """``afd_stats`` of every FFN server's workers, FFN rank order (one dict each)."""
         return [stats for s in self.ffn_servers for stats in s.collective_rpc("afd_stats")]
+
+    def attention_stats(self) -> list[dict[str, Any]]:
+        """``afd_stats`` of every attention server's workers, rank order (one dict each)."""
+        return [stats for s in self.attention_servers for stats in s.collective_rpc("afd_stats")]
 
     def __enter__(self) -> LocalDeployment:
         self.start()

@@ -1,0 +1,108 @@
+"""``DeepEPM2NAFDConnector``: expert-routed M:N exchange (M attention ranks, N FFN ranks).
+
+The routed experts are split over the FFN ranks in contiguous blocks
+(:mod:`afd_core.expert.placement`); each FFN rank builds and loads only its block. The
+attention rank runs the gate and the router (``compute_gate_on_attention`` is required)
+and sends each token to every FFN rank that holds one of its top-k experts, once per such
+rank, with the routing; each FFN rank computes only its experts and sends back its
+partial result per token; the attention rank adds them up. Any M and N (N > M too).
+
+Composed of public parts (docs/design.md): afd-core's rendezvous, gloo control channel,
+step relay and expert-routed endpoints (:func:`afd_core.expert.open_expert`), over a data
+transport chosen by ``connector_extra_config.transport``: ``"nccl"``
+(:class:`~afd_connectors_gpu.nccl_transport.NcclTransport`, CUDA tensors), ``"gloo"``
+(host memory, any platform) or ``"auto"`` (the default: NCCL when this process has CUDA,
+else gloo; set it explicitly when the roles run on different kinds of hosts).
+
+Not built yet, and this is its seam: a DeepEP (NVSHMEM, fixed-capacity low-latency
+buffers) dispatch/combine backend, which would replace the point-to-point endpoints with
+an endpoint pair of the same contract; the name follows the project plan. The exchange
+is eager: CUDA graphs are refused at start-up (the connector is registered without
+``supports_cuda_graphs``), since variable routed counts need host synchronisation per
+layer on NCCL today. Importing this module imports no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from afd_connectors_gpu.nccl_transport import NcclTransport
+from afd_core.connector import Connector, ConnectorParts, WireSpec
+from afd_core.errors import AFDConfigError
+from afd_core.expert import open_expert
+from afd_core.expert.messages import check_packable
+from afd_core.rendezvous import Session
+from afd_core.transport import Transport
+from afd_core.transport.gloo import GlooTransport
+from afd_core.world import gloo_data_transport
+
+if TYPE_CHECKING:
+    from afd_core.config import AFDConfig
+
+TransportChoice = Literal["auto", "gloo", "nccl"]
+_CHOICES: tuple[TransportChoice, ...] = ("auto", "gloo", "nccl")
+
+
+@dataclass(frozen=True)
+class M2NExtraConfig:
+    """``connector_extra_config`` of :class:`DeepEPM2NAFDConnector`.
+
+    ``transport``: ``"auto"`` (NCCL with CUDA, else gloo), ``"gloo"`` or ``"nccl"``.
+    """
+
+    transport: TransportChoice = "auto"
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> M2NExtraConfig:
+        """Parse ``raw`` strictly; AFDConfigError naming any unknown or invalid field."""
+        unknown = sorted(set(raw) - {"transport"})
+        if unknown:
+            raise AFDConfigError(
+                f"AFD config: connector_extra_config has unknown fields {unknown} for "
+                "DeepEPM2NAFDConnector; it accepts only transport"
+            )
+        transport = raw.get("transport", "auto")
+        if transport not in _CHOICES:
+            raise AFDConfigError(
+                f"AFD config: connector_extra_config.transport must be one of "
+                f"{list(_CHOICES)}, got {transport!r}"
+            )
+        return cls(transport)
+
+
+class DeepEPM2NAFDConnector(Connector):
+    """AFD connector: expert-routed M:N over gloo or NCCL (see the module docstring)."""
+
+    name = "DeepEPM2NAFDConnector"
+
+    def __init__(self, config: AFDConfig, role_rank: int, wire: WireSpec) -> None:
+        super().__init__(config, role_rank, wire)
+        check_packable(wire)
+
+    @classmethod
+    def parse_extra_config(cls, raw: Mapping[str, Any]) -> M2NExtraConfig:
+        """Accept ``transport`` (see :class:`M2NExtraConfig`)."""
+        return M2NExtraConfig.parse(raw)
+
+    def connect(self) -> ConnectorParts:
+        """Rendezvous, gloo control group, data transport, expert-routed endpoint."""
+        if self._uses_nccl():
+            peers = self.topology.peers_of(self.config.role, self.role_rank)
+
+            def data(
+                session: Session, control: GlooTransport, rank: int, size: int, timeout_s: float
+            ) -> Transport:
+                return NcclTransport.open(session, rank, size, peers, timeout_s)
+
+            return open_expert(self, data)
+        return open_expert(self, gloo_data_transport)
+
+    def _uses_nccl(self) -> bool:
+        choice = self.extra.transport
+        if choice == "auto":
+            import torch
+
+            return torch.cuda.is_available()
+        return choice == "nccl"

@@ -1,0 +1,287 @@
+"""``ExpertAttentionEndpoint``: the attention side of the expert-routed M:N exchange.
+
+Per step the attention rank announces the step to FFN rank 0 (:mod:`afd_core.control.relay`
+forwards it to the other FFN ranks). Per MoE layer and stage it gets the hidden states and
+the routing its router chose (:class:`~afd_core.connector.ExpertRouting`: global top-k ids
+and weights) and, for every FFN rank, sends
+
+* a header message whose ``num_tokens`` is the number of rows routed there (possibly 0)
+  and whose ``topk`` is the routing width, then
+* when that number is not 0, one body message: those rows' hidden states, their top-k
+  expert ids (int32) and weights (float32), packed in that order.
+
+Every FFN rank answers with a header and the partial result of its experts for those
+rows; :func:`~afd_core.expert.routing.combine` adds them up per token. Routed row counts
+vary per (attention rank, FFN rank, layer) and travel in the headers.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from afd_core.connector import AttentionEndpoint, ExpertRouting, WireSpec
+from afd_core.control.channel import ControlSender
+from afd_core.errors import AFDProtocolError
+from afd_core.expert.messages import body_bytes, pack_body
+from afd_core.expert.placement import ExpertPlacement
+from afd_core.expert.routing import combine, rows_per_rank
+from afd_core.failures import Fuse, PeerFailures, guarded, layer_of_step
+from afd_core.metadata import ControlPayload
+from afd_core.transport import Transfer, TransferFailed, Transport
+from afd_core.wire import HEADER_BYTES, HeaderCodec, raise_header_mismatch
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(slots=True)
+class _Step:
+    step_id: int
+    tokens: tuple[int, ...]
+    expected: int
+    done: int = 0
+
+
+@dataclass(slots=True)
+class _Route:
+    """What went to one FFN rank for one layer and stage, and where its answer lands."""
+
+    rows: torch.Tensor
+    count: int
+    header: torch.Tensor
+    reply_header: torch.Tensor
+    partial: torch.Tensor | None
+
+
+@dataclass(slots=True)
+class _InFlight:
+    layer: int
+    tokens: int
+    routes: list[_Route]
+    transfers: list[Transfer]
+    home: torch.device
+
+
+@dataclass
+class DispatchCounts:
+    """Rows this attention rank sent per (FFN rank, layer) since it started (for stats)."""
+
+    rows: dict[int, dict[int, int]] = field(default_factory=dict)
+
+    def add(self, ffn_rank: int, layer: int, rows: int) -> None:
+        """Count ``rows`` sent to ``ffn_rank`` at ``layer``."""
+        per_layer = self.rows.setdefault(ffn_rank, {})
+        per_layer[layer] = per_layer.get(layer, 0) + rows
+
+
+class ExpertAttentionEndpoint(AttentionEndpoint):
+    """The attention side of the expert-routed exchange (see the module docstring).
+
+    ``ffn_world_ranks[f]`` is the world rank of FFN rank ``f``.
+    """
+
+    def __init__(
+        self,
+        *,
+        wire: WireSpec,
+        role_rank: int,
+        placement: ExpertPlacement,
+        ffn_world_ranks: tuple[int, ...],
+        transport: Transport,
+        control: ControlSender,
+        fuse: Fuse,
+        failures: PeerFailures,
+        timeout_s: float,
+    ) -> None:
+        import torch
+
+        self._torch = torch
+        self._wire = wire
+        self._role_rank = role_rank
+        self._placement = placement
+        self._ffn_world = ffn_world_ranks
+        self._transport = transport
+        self._control = control
+        self._fuse = fuse
+        self._failures = failures
+        self._timeout_s = timeout_s
+        self._dtype = getattr(torch, wire.dtype)
+        self._layers = wire.exchange_layers
+        self._codec = HeaderCodec(wire)
+        self._owners = torch.tensor(placement.owners(), dtype=torch.int64, device=transport.device)
+        self._step: _Step | None = None
+        self._inflight: dict[int, _InFlight] = {}
+        self._buffers: dict[tuple[int, int], torch.Tensor] = {}
+        self.dispatched = DispatchCounts()
+
+    @guarded
+    def begin_step(self, payload: ControlPayload) -> None:
+        if payload.sender_rank != self._role_rank:
+            raise AFDProtocolError(
+                f"AFD control: attention rank {self._role_rank} was asked to send a payload "
+                f"signed by attention rank {payload.sender_rank}"
+            )
+        if payload.is_graph_step:
+            raise AFDProtocolError(
+                f"AFD: step {payload.step_id} is a CUDA graph step; the expert-routed "
+                "connector runs eagerly: start the attention role with --enforce-eager"
+            )
+        step = self._step
+        if step is not None and step.done != step.expected:
+            raise AFDProtocolError(
+                f"AFD: attention rank {self._role_rank} starts step {payload.step_id} after "
+                f"{step.done} layer exchanges in step {step.step_id}, expected "
+                f"{step.expected} ({len(self._layers)} MoE layers x {len(step.tokens)} stages); "
+                "every forward must exchange at every MoE layer and stage"
+            )
+        tokens = payload.tokens_of(self._role_rank)
+        self._control.send(payload)
+        self._step = _Step(payload.step_id, tokens, len(tokens) * len(self._layers))
+
+    @guarded
+    def send(
+        self,
+        layer: int,
+        stage: int,
+        hidden: torch.Tensor,
+        *,
+        router_logits: torch.Tensor | None = None,
+        routing: ExpertRouting | None = None,
+    ) -> None:
+        step = self._check_send(layer, stage, hidden, routing)
+        assert routing is not None
+        torch, transport = self._torch, self._transport
+        device, home = transport.device, hidden.device
+        hidden, ids, weights = (
+            t.to(device) for t in (hidden, routing.topk_ids, routing.topk_weights)
+        )
+        topk = ids.shape[1]
+        routes, transfers = [], []
+        try:
+            for f, rows in enumerate(rows_per_rank(ids, self._owners, len(self._ffn_world))):
+                peer, count = self._ffn_world[f], int(rows.numel())
+                self.dispatched.add(f, layer, count)
+                header = self._header(step.step_id, layer, stage, count, topk)
+                reply_header = torch.zeros(HEADER_BYTES, dtype=torch.uint8, device=device)
+                partial = None
+                sends = [header]
+                if count:
+                    sends.append(self._pack(stage, f, hidden, ids, weights, rows))
+                    partial = torch.empty((count, self._wire.hidden_size), dtype=self._dtype,
+                                          device=device)  # fmt: skip
+                transfers += [transport.post_send(t, peer) for t in sends]
+                transfers.append(transport.post_recv(reply_header, peer))
+                if partial is not None:
+                    transfers.append(transport.post_recv(partial, peer))
+                routes.append(_Route(rows, count, header, reply_header, partial))
+        except TransferFailed as exc:
+            raise self._failures.error(exc, layer_of_step(layer, step.step_id)) from None
+        self._inflight[stage] = _InFlight(layer, hidden.shape[0], routes, transfers, home)
+
+    @guarded
+    def recv(self, layer: int, stage: int) -> torch.Tensor:
+        step = self._step
+        inflight = self._inflight.pop(stage, None)
+        if step is None or inflight is None or inflight.layer != layer:
+            sent = "nothing" if inflight is None else f"layer {inflight.layer}"
+            raise AFDProtocolError(
+                f"AFD: attention rank {self._role_rank} asks for the result of layer {layer} "
+                f"stage {stage}, but sent {sent} for that stage; call send() and recv() in pairs"
+            )
+        transport = self._transport
+        deadline = time.monotonic() + self._timeout_s
+        try:
+            transport.wait_all(inflight.transfers, deadline)
+            transport.synchronize(deadline)
+        except TransferFailed as exc:
+            raise self._failures.error(exc, layer_of_step(layer, step.step_id)) from None
+        parts = []
+        for f, route in enumerate(inflight.routes):
+            expected = self._codec.header("f2a", step.step_id, layer, stage, route.count, f)
+            raw = bytes(transport.to_host(route.reply_header).tolist())
+            if raw != expected.encode():
+                raise_header_mismatch(raw, expected, self._failures.describe(self._ffn_world[f]))
+            if route.partial is not None:
+                parts.append((route.rows, route.partial))
+        step.done += 1
+        out = combine(inflight.tokens, parts, self._wire.hidden_size, self._dtype, transport.device)
+        return out if out.device == inflight.home else out.to(inflight.home)
+
+    def stats(self) -> dict[str, Any]:
+        """``{"dispatched_rows": {ffn_rank: {layer: rows}}}`` since this rank started."""
+        return {"dispatched_rows": self.dispatched.rows}
+
+    def _check_send(
+        self, layer: int, stage: int, hidden: torch.Tensor, routing: ExpertRouting | None
+    ) -> _Step:
+        step = self._step
+        if step is None:
+            raise AFDProtocolError(
+                f"AFD: attention rank {self._role_rank} exchanges layer {layer} before any "
+                "step began; call begin_step() first"
+            )
+        if layer not in self._layers:
+            raise AFDProtocolError(
+                f"AFD: layer {layer} is not an exchange (MoE) layer of the wire spec {self._layers}"
+            )
+        if not 0 <= stage < len(step.tokens):
+            raise AFDProtocolError(
+                f"AFD: stage {stage} is outside step {step.step_id}'s {len(step.tokens)} stage(s)"
+            )
+        if stage in self._inflight:
+            raise AFDProtocolError(
+                f"AFD: attention rank {self._role_rank} sends layer {layer} stage {stage} while "
+                "the previous exchange of that stage awaits recv()"
+            )
+        n, size = step.tokens[stage], self._wire.hidden_size
+        if hidden.shape != (n, size) or hidden.dtype != self._dtype:
+            raise AFDProtocolError(
+                f"AFD: hidden is {tuple(hidden.shape)} {hidden.dtype}, the step and wire spec "
+                f"say ({n}, {size}) {self._dtype}"
+            )
+        if routing is None:
+            raise AFDProtocolError(
+                "AFD: the expert-routed connector needs the routing of every MoE layer "
+                "(top-k expert ids and weights from the attention role's router); it runs "
+                "with compute_gate_on_attention=true"
+            )
+        k = self._wire.top_k
+        ids, weights = routing.topk_ids, routing.topk_weights
+        if ids.shape != (n, k) or weights.shape != (n, k):
+            raise AFDProtocolError(
+                f"AFD: routing is {tuple(ids.shape)} ids and {tuple(weights.shape)} weights; "
+                f"the step and wire spec say ({n}, {k})"
+            )
+        return step
+
+    def _header(self, step_id: int, layer: int, stage: int, count: int, topk: int) -> torch.Tensor:
+        """The header message of one route (written per message: its count varies)."""
+        import ctypes
+
+        torch = self._torch
+        host = torch.zeros(HEADER_BYTES, dtype=torch.uint8)
+        view = memoryview((ctypes.c_char * HEADER_BYTES).from_address(host.data_ptr())).cast("B")
+        self._codec.pack_into(view, 0, "a2f", step_id, layer, stage, count, self._role_rank,
+                              topk=topk)  # fmt: skip
+        return self._transport.to_device(host)
+
+    def _pack(
+        self,
+        stage: int,
+        ffn_rank: int,
+        hidden: torch.Tensor,
+        ids: torch.Tensor,
+        weights: torch.Tensor,
+        rows: torch.Tensor,
+    ) -> torch.Tensor:
+        """The body of one route: the routed rows' hidden states, ids and weights."""
+        nbytes = body_bytes(rows.numel(), self._wire)
+        key = (stage, ffn_rank)
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.numel() < nbytes:
+            buffer = self._buffers[key] = self._transport.allocate(max(nbytes, 4096))
+        body = buffer[:nbytes]
+        pack_body(body, hidden, ids, weights, rows, self._wire)
+        return body

@@ -1,0 +1,68 @@
+"""Which FFN rank holds which routed experts (expert-routed connectors). Pure Python.
+
+Rule: the ``num_experts`` routed experts are split over the ``num_ffn_ranks`` FFN ranks
+in contiguous blocks whose sizes differ by at most one, larger blocks first: with
+``base, extra = divmod(E, F)``, FFN rank ``f`` holds ``base + 1`` experts when
+``f < extra``, else ``base``, starting right after rank ``f - 1``'s block. (The same rule
+as vLLM's own expert-parallel split, ``determine_expert_map``, and as the attention-rank
+blocks of :mod:`afd_core.topology`.) Every FFN rank holds at least one expert, so
+``num_experts >= num_ffn_ranks``.
+
+A token goes to every FFN rank that holds at least one of its top-k experts, once per
+such rank; that rank computes only its experts of the token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from afd_core.errors import AFDConfigError
+
+
+@dataclass(frozen=True)
+class ExpertPlacement:
+    """The expert blocks of ``num_ffn_ranks`` FFN ranks over ``num_experts`` experts."""
+
+    num_experts: int
+    num_ffn_ranks: int
+
+    def __post_init__(self) -> None:
+        e, f = self.num_experts, self.num_ffn_ranks
+        if f < 1 or e < f:
+            raise AFDConfigError(
+                f"AFD config: the model's {e} routed experts cannot be split over "
+                f"num_ffn_ranks={f} FFN ranks (each FFN rank holds at least one expert); "
+                f"use at most {max(e, 1)} FFN ranks"
+            )
+
+    def block(self, ffn_rank: int) -> range:
+        """The global expert ids FFN rank ``ffn_rank`` holds (contiguous)."""
+        if not 0 <= ffn_rank < self.num_ffn_ranks:
+            raise AFDConfigError(f"AFD: FFN rank {ffn_rank} is outside 0..{self.num_ffn_ranks - 1}")
+        base, extra = divmod(self.num_experts, self.num_ffn_ranks)
+        start = ffn_rank * base + min(ffn_rank, extra)
+        return range(start, start + base + (1 if ffn_rank < extra else 0))
+
+    def owner(self, expert: int) -> int:
+        """The FFN rank holding global expert ``expert``."""
+        if not 0 <= expert < self.num_experts:
+            raise AFDConfigError(f"AFD: expert {expert} is outside 0..{self.num_experts - 1}")
+        base, extra = divmod(self.num_experts, self.num_ffn_ranks)
+        big = extra * (base + 1)
+        if expert < big:
+            return expert // (base + 1)
+        return extra + (expert - big) // base
+
+    def owners(self) -> tuple[int, ...]:
+        """``owners()[e]`` is the FFN rank of expert ``e`` (a lookup table)."""
+        return tuple(f for f in range(self.num_ffn_ranks) for _ in self.block(f))
+
+    def describe(self) -> str:
+        """One line per FFN rank: which experts it holds (used by ``afd check``)."""
+        lines = [f"routed experts: {self.num_experts} over {self.num_ffn_ranks} FFN rank(s)"]
+        for f in range(self.num_ffn_ranks):
+            block = self.block(f)
+            lines.append(
+                f"  FFN {f} holds experts {block.start}..{block.stop - 1} ({len(block)} experts)"
+            )
+        return "\n".join(lines)
