@@ -5,10 +5,15 @@ forwards it to the other FFN ranks). Per MoE layer and stage it gets the hidden 
 the routing its router chose (:class:`~afd_core.connector.ExpertRouting`: global top-k ids
 and weights) and, for every FFN rank, sends
 
-* a header message whose ``num_tokens`` is the number of rows routed there (possibly 0)
-  and whose ``topk`` is the routing width, then
-* when that number is not 0, one body message: those rows' hidden states, their top-k
-  expert ids (int32) and weights (float32), packed in that order.
+* a header whose ``num_tokens`` is the number of rows routed there (possibly 0) and
+  whose ``topk`` is the routing width, and
+* a body: those rows' hidden states, their top-k expert ids (int32) and weights
+  (float32), packed in that order (:mod:`afd_core.expert.messages`).
+
+On a transport that accepts a message shorter than its receive (gloo) header and body
+travel as one message (the FFN rank posts one receive with room for every token of the
+stage); otherwise (NCCL) the header is a message of its own, followed by the body when
+it has rows, and the FFN rank reads the header before it receives the body.
 
 Every FFN rank answers with a header and the partial result of its experts for those
 rows; :func:`~afd_core.expert.routing.combine` adds them up per token. Routed row counts
@@ -50,7 +55,6 @@ class _Route:
 
     rows: torch.Tensor
     count: int
-    header: torch.Tensor
     reply_header: torch.Tensor
     partial: torch.Tensor | None
 
@@ -157,25 +161,22 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
         hidden, ids, weights = (
             t.to(device) for t in (hidden, routing.topk_ids, routing.topk_weights)
         )
-        topk = ids.shape[1]
         routes, transfers = [], []
         try:
             for f, rows in enumerate(rows_per_rank(ids, self._owners, len(self._ffn_world))):
                 peer, count = self._ffn_world[f], int(rows.numel())
                 self.dispatched.add(f, layer, count)
-                header = self._header(step.step_id, layer, stage, count, topk)
                 reply_header = torch.zeros(HEADER_BYTES, dtype=torch.uint8, device=device)
                 partial = None
-                sends = [header]
                 if count:
-                    sends.append(self._pack(stage, f, hidden, ids, weights, rows))
                     partial = torch.empty((count, self._wire.hidden_size), dtype=self._dtype,
                                           device=device)  # fmt: skip
+                sends = self._messages(step.step_id, layer, stage, f, hidden, ids, weights, rows)
                 transfers += [transport.post_send(t, peer) for t in sends]
                 transfers.append(transport.post_recv(reply_header, peer))
                 if partial is not None:
                     transfers.append(transport.post_recv(partial, peer))
-                routes.append(_Route(rows, count, header, reply_header, partial))
+                routes.append(_Route(rows, count, reply_header, partial))
         except TransferFailed as exc:
             raise self._failures.error(exc, layer_of_step(layer, step.step_id)) from None
         self._inflight[stage] = _InFlight(layer, hidden.shape[0], routes, transfers, home)
@@ -256,32 +257,39 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
             )
         return step
 
-    def _header(self, step_id: int, layer: int, stage: int, count: int, topk: int) -> torch.Tensor:
-        """The header message of one route (written per message: its count varies)."""
-        import ctypes
-
-        torch = self._torch
-        host = torch.zeros(HEADER_BYTES, dtype=torch.uint8)
-        view = memoryview((ctypes.c_char * HEADER_BYTES).from_address(host.data_ptr())).cast("B")
-        self._codec.pack_into(view, 0, "a2f", step_id, layer, stage, count, self._role_rank,
-                              topk=topk)  # fmt: skip
-        return self._transport.to_device(host)
-
-    def _pack(
+    def _messages(
         self,
+        step_id: int,
+        layer: int,
         stage: int,
         ffn_rank: int,
         hidden: torch.Tensor,
         ids: torch.Tensor,
         weights: torch.Tensor,
         rows: torch.Tensor,
-    ) -> torch.Tensor:
-        """The body of one route: the routed rows' hidden states, ids and weights."""
-        nbytes = body_bytes(rows.numel(), self._wire)
+    ) -> list[torch.Tensor]:
+        """The tensors to send one FFN rank: ``[header + body]``, or ``[header, body]``
+        (no body without rows) where message sizes must match exactly."""
+        import ctypes
+
+        count = rows.numel()
+        nbytes = body_bytes(count, self._wire)
+        inline = self._transport.accepts_short_messages
         key = (stage, ffn_rank)
         buffer = self._buffers.get(key)
-        if buffer is None or buffer.numel() < nbytes:
-            buffer = self._buffers[key] = self._transport.allocate(max(nbytes, 4096))
-        body = buffer[:nbytes]
-        pack_body(body, hidden, ids, weights, rows, self._wire)
-        return body
+        if buffer is None or buffer.numel() < HEADER_BYTES + nbytes:
+            buffer = self._buffers[key] = self._transport.allocate(max(HEADER_BYTES + nbytes, 4096))
+        if count:
+            pack_body(buffer[HEADER_BYTES : HEADER_BYTES + nbytes], hidden, ids, weights, rows,
+                      self._wire)  # fmt: skip
+        header = self._torch.zeros(HEADER_BYTES, dtype=self._torch.uint8)
+        view = memoryview((ctypes.c_char * HEADER_BYTES).from_address(header.data_ptr())).cast("B")
+        self._codec.pack_into(view, 0, "a2f", step_id, layer, stage, count, self._role_rank,
+                              topk=self._wire.top_k)  # fmt: skip
+        if inline:
+            buffer[:HEADER_BYTES].copy_(header)
+            return [buffer[: HEADER_BYTES + nbytes]]
+        messages = [self._transport.to_device(header)]
+        if count:
+            messages.append(buffer[HEADER_BYTES : HEADER_BYTES + nbytes])
+        return messages

@@ -10,9 +10,9 @@ the rows of all attention ranks concatenated with their routing in local expert 
 the partial result of its rows.
 
 Receiving a body whose size only its header tells: on a transport that accepts a short
-message into a larger receive (gloo) the body's receive is posted with the room the
-sender's token count of the stage allows, together with the header's, so no handshake
-is added; otherwise (NCCL) the header is read first, then the exact body is received.
+message into a larger receive (gloo) header and body are one message, received into
+room for every token the sender has in the stage, so no handshake is added; otherwise
+(NCCL) the header is a message of its own, read first, then the exact body is received.
 """
 
 from __future__ import annotations
@@ -113,33 +113,33 @@ class ExpertFFNEndpoint(FFNEndpoint):
             )
         torch, transport, wire = self._torch, self._transport, self._wire
         deadline = time.monotonic() + self._timeout_s
-        headers, bodies, transfers = [], [], []
+        inline = transport.accepts_short_messages
+        messages, transfers = [], []
         try:
             for rank, counts in zip(step.attention_ranks, step.tokens, strict=True):
-                peer = self._senders[rank]
-                header = torch.zeros(HEADER_BYTES, dtype=torch.uint8, device=transport.device)
-                headers.append(header)
-                transfers.append(transport.post_recv(header, peer))
-                if transport.accepts_short_messages and counts[stage]:
-                    body = self._body(rank, stage, body_bytes(counts[stage], wire))
-                    bodies.append(body)
-                    transfers.append(transport.post_recv(body, peer))
+                if inline:  # header and body in one message, room for every token
+                    room = HEADER_BYTES + body_bytes(counts[stage], wire)
+                    message = self._body(rank, stage, room)
                 else:
-                    bodies.append(None)
+                    message = torch.zeros(HEADER_BYTES, dtype=torch.uint8, device=transport.device)
+                messages.append(message)
+                transfers.append(transport.post_recv(message, self._senders[rank]))
             transport.wait_all(transfers, deadline)
             sources, parts, offset = [], [], 0
-            for i, (rank, payload, counts) in enumerate(
-                zip(step.attention_ranks, step.payloads, step.tokens, strict=True)
+            for rank, payload, counts, message in zip(
+                step.attention_ranks, step.payloads, step.tokens, messages, strict=True
             ):
-                rows = self._check_header(headers[i], rank, payload.step_id, layer, stage,
-                                          counts[stage])  # fmt: skip
+                rows = self._check_header(message[:HEADER_BYTES], rank, payload.step_id, layer,
+                                          stage, counts[stage])  # fmt: skip
                 sources.append(_Source(rank, self._senders[rank], payload.step_id, rows, offset))
                 offset += rows
                 if not rows:
                     continue
-                body = bodies[i]
-                if body is None:  # exact sizes: the body's receive follows its header
-                    body = self._body(rank, stage, body_bytes(rows, wire))[: body_bytes(rows, wire)]
+                nbytes = body_bytes(rows, wire)
+                if inline:
+                    body = message[HEADER_BYTES : HEADER_BYTES + nbytes]
+                else:  # exact sizes: the body's receive follows its header
+                    body = self._body(rank, stage, nbytes)
                     transport.wait(transport.post_recv(body, self._senders[rank]), deadline)
                     transport.synchronize(deadline)
                 parts.append(unpack_body(body, rows, wire))
