@@ -67,6 +67,9 @@ CONNECTORS: Mapping[str, ConnectorSpec] = {
         "FakeAsync", f"{_MODULE}:FakeConnector", ("npu",), requires_async_dp=True
     ),
     "FakePlain": ConnectorSpec("FakePlain", f"{_MODULE}:PlainConnector", ("cpu",)),
+    "FakeExpert": ConnectorSpec(
+        "FakeExpert", f"{_MODULE}:PlainConnector", ("cpu",), exchange="expert"
+    ),
     "FakeSloppy": ConnectorSpec("FakeSloppy", f"{_MODULE}:SloppyConnector", ("cpu",)),
     "FakeNotAConnector": ConnectorSpec("FakeNotAConnector", f"{_MODULE}:NotAConnector", ("cpu",)),
     "FakeUninstalled": ConnectorSpec(

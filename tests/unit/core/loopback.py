@@ -22,6 +22,7 @@ import torch
 
 from afd_core.config import AFDConfig
 from afd_core.connector import Connector, ConnectorParts, WireSpec
+from afd_core.expert import assemble_expert
 from afd_core.failures import PeerFailures
 from afd_core.p2p import assemble_p2p
 from afd_core.transport import Transfer, TransferFailed, Transport
@@ -140,6 +141,8 @@ class LoopbackConnector(Connector):
             failures=PeerFailures(self.topology, timeout_s, self.fuse),
             timeout_s=timeout_s,
         )
+        if self.config.exchange == "expert":
+            return assemble_expert(self, world)
         replays = self.replays
         return assemble_p2p(self, world, None if replays is None else lambda c, w: replays)
 
@@ -152,8 +155,13 @@ def loopback_connectors(
     timeout_s: int = 5,
     gate: bool = False,
     graph_steps: bool = False,
+    exchange: str = "block",
 ) -> tuple[list[LoopbackConnector], list[LoopbackConnector]]:
-    """``a`` attention and ``f`` FFN connectors of one initialised loopback world."""
+    """``a`` attention and ``f`` FFN connectors of one initialised loopback world.
+
+    ``exchange="expert"`` builds expert-routed connectors (the gate then runs on
+    attention). FFN rank 0 is built first (it hosts the step relay's inbox).
+    """
     fabric = Fabric()
 
     def make(role: str, rank: int) -> LoopbackConnector:
@@ -163,13 +171,15 @@ def loopback_connectors(
             num_attention_ranks=a,
             num_ffn_ranks=f,
             afd_process_group_timeout_s=timeout_s,
-            compute_gate_on_attention=gate,
+            compute_gate_on_attention=gate or exchange == "expert",
+            exchange=exchange,  # type: ignore[arg-type]
         )
         conn = LoopbackConnector(fabric, cfg, rank, wire, graph_steps=graph_steps)
         conn.initialize()
         return conn
 
-    return [make("attention", r) for r in range(a)], [make("ffn", r) for r in range(f)]
+    ffn = [make("ffn", r) for r in range(f)]
+    return [make("attention", r) for r in range(a)], ffn
 
 
 def close_all(*groups: list[LoopbackConnector]) -> None:

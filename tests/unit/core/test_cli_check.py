@@ -217,3 +217,44 @@ def test_check_help_names_the_argument(capsys: pytest.CaptureFixture[str]) -> No
         main(["check", "--help"])
     assert info.value.code == 0
     assert "CONFIG_JSON_OR_FILE" in capsys.readouterr().out
+
+
+EXPERT = {
+    "role": "ffn",
+    "connector": "FakeExpert",
+    "compute_gate_on_attention": True,
+    "num_attention_ranks": 1,
+    "num_ffn_ranks": 3,
+}
+
+
+def test_an_expert_routed_config_prints_which_ffn_rank_holds_which_experts(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"n_routed_experts": 8}))
+    status = main(["check", json.dumps(EXPERT), "--model", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert status == 0
+    assert '  exchange: "expert"' in out
+    assert out.splitlines()[-4:] == [
+        "routed experts: 8 over 3 FFN rank(s)",
+        "  FFN 0 holds experts 0..2 (3 experts)",
+        "  FFN 1 holds experts 3..5 (3 experts)",
+        "  FFN 2 holds experts 6..7 (2 experts)",
+    ]
+
+
+def test_without_an_expert_count_the_check_says_how_to_get_the_split(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status, out, _ = check(capsys, json.dumps(EXPERT))
+    assert status == 0
+    assert "pass --model DIR or --num-experts N" in out.splitlines()[-1]
+
+
+def test_too_many_ffn_ranks_for_the_experts_is_an_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    status = main(["check", json.dumps(EXPERT), "--num-experts", "2"])
+    assert status == 2
+    assert "2 routed experts cannot be split over num_ffn_ranks=3" in capsys.readouterr().err

@@ -480,3 +480,33 @@ def test_afd_value_that_is_not_a_mapping_is_rejected(value: Any) -> None:
     vllm_config = SimpleNamespace(additional_config={"afd": value})
     with pytest.raises(AFDConfigError, match=r'^AFD config: additional_config\["afd"\] must be'):
         afd_config_from_vllm(vllm_config, connectors=CONNECTORS)
+
+
+def test_an_expert_routed_connector_requires_the_gate_on_attention() -> None:
+    rejected(
+        "connector 'FakeExpert' routes every token",
+        "requires compute_gate_on_attention true, got false",
+        '"compute_gate_on_attention": true',
+        raw={"role": "ffn", "connector": "FakeExpert"},
+    )
+
+
+def test_an_expert_routed_connector_takes_more_ffn_ranks_than_attention_ranks() -> None:
+    config = parse(
+        connector="FakeExpert",
+        compute_gate_on_attention=True,
+        num_attention_ranks=1,
+        num_ffn_ranks=3,
+        role_rank=0,
+    )
+    assert config.exchange == "expert"
+    assert config.topology.peers_of("attention", 0) == (0, 1, 2)
+    assert config.topology.peers_of("ffn", 2) == (3,)
+
+
+def test_a_block_connector_names_itself_when_it_has_too_many_ffn_ranks() -> None:
+    rejected(
+        "num_attention_ranks (1) must be >= num_ffn_ranks (2)",
+        "FakeP2P pairs ranks in blocks",
+        raw=BASE | {"num_ffn_ranks": 2},
+    )

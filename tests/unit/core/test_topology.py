@@ -107,3 +107,13 @@ def test_only_tp_rank_0_of_an_attention_rank_carries_traffic():
 def test_every_ffn_worker_is_its_own_rank():
     assert [ffn_role_rank(1, 2, tp, None) for tp in range(2)] == [2, 3]
     assert ffn_role_rank(0, 2, 1, explicit_rank=4) == 5
+
+
+def test_the_expert_exchange_pairs_every_attention_rank_with_every_ffn_rank():
+    topo = Topology(2, 3, "expert")  # fewer attention than FFN ranks is fine here
+    assert topo.peers_of("attention", 1) == (0, 1, 2)
+    assert topo.peers_of("ffn", 2) == (3, 4)
+    assert topo.control_senders(0) == (0, 1) and topo.control_senders(1) == ()
+    with pytest.raises(AFDConfigError, match="no single serving FFN rank"):
+        topo.ffn_rank_of(0)
+    assert "FFN 0 (world 0), which forwards each step" in topo.describe()

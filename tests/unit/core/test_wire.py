@@ -15,9 +15,12 @@ from afd_core.wire import (
     CONTROL_FRAME_BYTES,
     HeaderCodec,
     decode_control_frame,
+    decode_step_frame,
     describe_rank,
     encode_control_frame,
+    encode_step_frame,
     raise_header_mismatch,
+    step_frame_bytes,
 )
 
 WIRE = WireSpec(hidden_size=2048, dtype="bfloat16", num_exchange_layers=4)
@@ -154,3 +157,18 @@ def test_a_payload_of_a_whole_dp_group_yields_this_ranks_counts():
     assembler = StepAssembler(range(1, 2))
     group = ControlPayload(0, 1, (AFDDPMetadata(0, (4, 6, 8)),))
     assert assembler.assemble({1: group}).tokens == ((6,),)
+
+
+def test_step_frames_carry_every_payload_of_a_step_in_a_fixed_size():
+    payloads = (payload(0, 4, 3), payload(2, 9, 1, 2))
+    frame = encode_step_frame(payloads, 3)
+    assert len(frame) == step_frame_bytes(3) == 8 + 3 * CONTROL_FRAME_BYTES
+    assert decode_step_frame(frame, 3) == payloads
+
+
+def test_step_frames_of_another_size_or_count_are_refused():
+    frame = encode_step_frame((payload(0, 0, 1),), 2)
+    with pytest.raises(AFDProtocolError, match="step frame is"):
+        decode_step_frame(frame, 3)
+    with pytest.raises(AFDProtocolError, match="announces 0 payloads for 2"):
+        decode_step_frame(b"\0" * step_frame_bytes(2), 2)

@@ -7,6 +7,9 @@ holding them under ``"afd"`` (``{"afd": {...}, ...}``); the two cannot be confus
 the installed plugins; what needs a full vLLM config (the role's worker class, the plugins'
 ``afd_validate`` hooks) is left to vLLM start-up. Prints the resolved config and the
 rank map and exits 0; on any problem prints ``error: <one line>`` to stderr and exits 2.
+
+For an expert-routed connector it also prints which FFN rank holds which routed experts;
+the expert count comes from ``--model DIR`` (its ``config.json``) or ``--num-experts N``.
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ from typing import Any
 from afd_core.coercion import show
 from afd_core.config import AFDConfig, parse_afd_config
 from afd_core.errors import AFDError
+from afd_core.expert.placement import ExpertPlacement
+
+#: ``config.json`` keys that hold the number of routed experts (Qwen3-MoE, DeepSeek).
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
 EXIT_INVALID = 2
 
@@ -45,6 +52,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="CONFIG_JSON_OR_FILE",
         help='a JSON object (the "afd" settings or a whole additional_config) or a JSON file',
     )
+    experts = parser.add_mutually_exclusive_group()
+    experts.add_argument(
+        "--model",
+        metavar="DIR",
+        help="model directory (its config.json gives the routed expert count)",
+    )
+    experts.add_argument(
+        "--num-experts", type=int, metavar="N", help="the model's number of routed experts"
+    )
     return parser
 
 
@@ -52,16 +68,44 @@ def run(args: argparse.Namespace) -> int:
     """Validate ``args.config``; print the result (exit 0) or the error (exit 2)."""
     try:
         config = parse_afd_config(_afd_settings(_load_json(args.config)))
+        placement = _placement(config, args)
     except AFDError as exc:
         # Plugin errors may quote multi-line text; the contract here is one line.
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_INVALID
-    print(describe(config))
+    print(describe(config, placement))
     return 0
 
 
-def describe(config: AFDConfig) -> str:
-    """The resolved config (every field) and its rank map, as ``afd check`` prints them."""
+def _placement(config: AFDConfig, args: argparse.Namespace) -> ExpertPlacement | None:
+    """The expert blocks to print (expert-routed connectors with a known expert count)."""
+    if config.exchange != "expert":
+        return None
+    count = args.num_experts
+    if args.model is not None:
+        count = _expert_count(Path(args.model))
+    if count is None:
+        return None
+    return ExpertPlacement(count, config.num_ffn_ranks)
+
+
+def _expert_count(model: Path) -> int:
+    document = _load_json(str(model / "config.json"))
+    text_config = document.get("text_config", document) if isinstance(document, dict) else {}
+    for key in EXPERT_COUNT_KEYS:
+        if isinstance(text_config.get(key), int):
+            return int(text_config[key])
+    raise _CheckError(
+        f"afd check: {model / 'config.json'} names no routed expert count "
+        f"({', '.join(EXPERT_COUNT_KEYS)}); pass --num-experts"
+    )
+
+
+def describe(config: AFDConfig, placement: ExpertPlacement | None = None) -> str:
+    """The resolved config (every field) and its rank map, as ``afd check`` prints them.
+
+    With ``placement`` (expert-routed) also which FFN rank holds which experts.
+    """
     lines = [f"AFD config is valid ({config.role} role)."]
     for f in fields(config):
         value = getattr(config, f.name)
@@ -76,6 +120,13 @@ def describe(config: AFDConfig) -> str:
         world = topology.world_rank(config.role, config.role_rank)
         lines.append(f"This process: {config.role} rank {config.role_rank} (world {world})")
     lines.append(topology.describe())
+    if placement is not None:
+        lines.append(placement.describe())
+    elif config.exchange == "expert":
+        lines.append(
+            "routed experts: split over the FFN ranks in contiguous blocks; pass --model DIR "
+            "or --num-experts N to see which FFN rank holds which"
+        )
     return "\n".join(lines)
 
 
