@@ -183,13 +183,18 @@ def test_a_mispaired_layer_is_a_protocol_error_naming_both_views(ranks, port):
 
 
 def ffn_killed_at_layer_2(port: int, rank: int) -> None:
+    """FFN rank 1 dies after layer 1; FFN rank 0 serves layer 2, then waits for a step."""
     conn = connect("ffn", rank, port, 1, 2)
-    step = conn.ffn.next_step()
-    batch = conn.ffn.recv(step, 1, 0)
-    conn.ffn.send(batch, batch.hidden)
-    if rank == 1:
-        os.kill(os.getpid(), signal.SIGKILL)
-    conn.ffn.recv(step, 2, 0)
+    try:
+        step = conn.ffn.next_step()
+        for layer in (1, 2):
+            if layer == 2 and rank == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            batch = conn.ffn.recv(step, layer, 0)
+            conn.ffn.send(batch, batch.hidden)
+        conn.ffn.next_step()  # ends when the attention rank leaves
+    finally:
+        conn.close()
 
 
 def attention_running_one_step(port: int) -> None:
