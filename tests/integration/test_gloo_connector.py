@@ -23,6 +23,7 @@ from afd_core.connectors.gloo import P2pGlooAFDConnector
 from afd_core.metadata import AFDDPMetadata, ControlPayload
 from afd_core.p2p import open_p2p
 from afd_core.world import gloo_data_transport
+from tests.integration.peer_errors import reports_peer_gone
 from tests.unit.core.loopback import RecordingReplayGuard
 
 LAYERS = 3
@@ -288,10 +289,7 @@ def test_mispaired_layer_is_a_protocol_error_naming_both_views(ranks, port):
     assert "attention rank 0 (world rank 1)" in out["ffn"].error
     # The FFN rank closed, so the waiting attention rank learns it at once.
     assert out["attn"].error_type == "AFDPeerError", out["attn"]
-    assert (
-        "FFN rank 0 (world rank 0) closed the connection during layer 1 of step 5"
-        in out["attn"].error
-    )
+    assert reports_peer_gone(out["attn"].error, "FFN rank 0 (world rank 0)", "layer 1 of step 5")
 
 
 def ffn_dying_at_layer_1(port: int) -> None:
@@ -309,10 +307,9 @@ def test_ffn_killed_mid_step_gives_peer_error_without_hanging(ranks, port):
     out = ranks.join(30)
     assert out["ffn"].exitcode == -signal.SIGKILL
     assert out["attn"].error_type == "AFDPeerError", out["attn"]
-    assert (
-        "FFN rank 0 (world rank 0) closed the connection during layer 1 of step 100"
-        in out["attn"].error
-    )
+    assert reports_peer_gone(
+        out["attn"].error, "FFN rank 0 (world rank 0)", "layer 1 of step 100"
+    ), out["attn"].error
     assert out["attn"].elapsed_s < 10
 
 
@@ -390,8 +387,12 @@ def test_close_wakes_recv_and_the_ffn_learns_the_attention_rank_left(ranks, port
     error_type, woke_after = out["attn"].value
     assert error_type == "AFDShutdown"
     assert woke_after < 5.0  # milliseconds in practice; the wait's own bound is 20 s
+    # The inbox's receive fails, or the peer watch saw the goodbye: either names the rank.
     assert out["ffn"].value.startswith(
-        "AFDPeerError: AFD: attention rank 0 (world rank 1) closed the connection"
+        (
+            "AFDPeerError: AFD: attention rank 0 (world rank 1) closed the connection",
+            "AFDPeerError: AFD: attention rank 0 (world rank 1) left: it closed its connector",
+        )
     ), out["ffn"].value
 
 
@@ -543,3 +544,59 @@ def test_graph_steps_of_two_ranks_move_bare_tensors_exactly(ranks, port):
             if r == rank
         ]
         assert seen == steps
+
+
+# Peer liveness (afd_core.liveness) -------------------------------------------------------
+
+
+def idle_attention_noticing_its_ffn(port: int, ffn_pid: Any, stop: str) -> tuple[str, str, float]:
+    """Idle attention rank: the FFN process is stopped (``stop``); how soon it knows."""
+    conn = connect("attention", 0, port, 1, 1)
+    lost: list[float] = []
+    conn.on_peer_lost = lambda error: lost.append(time.monotonic())
+    try:
+        conn.attention.begin_step(payload(0, 0, (2,)))
+        conn.attention.send(0, 0, torch.ones(2, WIRE.hidden_size))
+        conn.attention.recv(0, 0)  # the FFN rank answers, then the attention rank idles
+        os.kill(ffn_pid.value, signal.SIGSTOP if stop == "freeze" else signal.SIGKILL)
+        stopped = time.monotonic()
+        deadline = stopped + 20
+        while not lost and time.monotonic() < deadline:
+            time.sleep(0.01)
+        try:
+            conn.attention.send(1, 0, torch.ones(2, WIRE.hidden_size))
+        except Exception as exc:
+            return type(exc).__name__, str(exc), (lost[0] if lost else deadline) - stopped
+        return "no error", "", 0.0
+    finally:
+        if stop == "freeze":
+            os.kill(ffn_pid.value, signal.SIGKILL)
+        conn.close()
+
+
+def ffn_serving_one_layer(port: int, ffn_pid: Any) -> None:
+    ffn_pid.value = os.getpid()
+    conn = connect("ffn", 0, port, 1, 1)
+    step = conn.ffn.next_step()
+    batch = conn.ffn.recv(step, 0, 0)
+    conn.ffn.send(batch, batch.hidden)
+    time.sleep(60)  # killed or frozen by the attention rank
+
+
+@pytest.mark.parametrize(
+    ("stop", "bound_s"),
+    [("kill", 2.0), ("freeze", 5.0 + 3.0)],  # the socket closes at once; 5 s of silence
+)
+def test_an_idle_attention_rank_learns_within_seconds_that_its_ffn_rank_is_gone(
+    ranks, port, stop, bound_s
+):
+    ffn_pid = ranks.context.Value("i", 0)
+    ranks.start("ffn", ffn_serving_one_layer, port, ffn_pid)
+    ranks.start("attn", idle_attention_noticing_its_ffn, port, ffn_pid, stop)
+    out = ranks.join(40)
+    error_type, message, took = out["attn"].value
+    assert error_type == "AFDPeerError", out["attn"]
+    assert message.startswith("AFD: FFN rank 0 (world rank 0) is gone: "), message
+    what = "its process ended" if stop == "kill" else "sent no heartbeat for 5 s"
+    assert what in message
+    assert took < bound_s, took

@@ -120,8 +120,10 @@ def test_two_attention_ranks_run_the_same_steps_on_every_ffn_rank():
             t.start()
         for t in threads:
             t.join(5)
+        assert steps[0] is not None
         assert steps[0] == steps[1]  # the follower runs the step the leader formed
-        assert steps[0].attention_ranks in ((0, 1), (0,))
+        # Whichever payloads the leader's inbox threads had queued (thread timing).
+        assert steps[0].attention_ranks in ((0, 1), (0,), (1,))
     finally:
         close_all(attention, ffn)
 

@@ -1,8 +1,11 @@
 """The AFD side of one attention worker: its connector and step driver, opened and closed.
 
-Shared by every attention worker (CPU now, CUDA later): a worker calls
+Shared by every attention worker (CPU and CUDA): a worker calls
 :meth:`AttentionSession.open` right after its model is loaded and
-:meth:`AttentionSession.close` when it shuts down.
+:meth:`AttentionSession.close` when it shuts down. When the connector's peer watch finds
+an FFN rank gone (crashed, killed, silent, or stopped), the session ends the worker
+process (:func:`afd_core.worker_exit.exit_worker_process`): an attention rank cannot
+serve without its FFN ranks, and vLLM stops the deployment when a worker exits.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ from typing import Any
 from afd_attention.step_driver import StepDriver
 from afd_core.config import afd_config_from_vllm
 from afd_core.connector import Connector
-from afd_core.errors import AFDConfigError
+from afd_core.errors import AFDConfigError, AFDPeerError
 from afd_core.roles import build_connector, model_wire_spec, resolve_role_rank
+from afd_core.worker_exit import exit_worker_process
 
 # A child of vLLM's logger, so vLLM's logging config (handler, level, format) applies.
 logger = logging.getLogger(f"vllm.{__name__}")
@@ -49,6 +53,7 @@ class AttentionSession:
         model = runner.get_model()
         wire = model_wire_spec(model, vllm_config.model_config.architecture, "attention")
         connector = build_connector(config, role_rank, wire)
+        connector.on_peer_lost = _end_worker
         logger.info(
             "AFD attention rank %d: waiting for FFN at %s:%d (%s, at most %d s)",
             role_rank,
@@ -81,4 +86,9 @@ class AttentionSession:
         from afd_models.exchange_op import set_exchanger
 
         set_exchanger(None)
+        self.connector.on_peer_lost = None
         self.connector.close()
+
+
+def _end_worker(error: AFDPeerError) -> None:
+    exit_worker_process("attention", error)

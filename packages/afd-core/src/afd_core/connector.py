@@ -35,7 +35,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from afd_core.errors import AFDConfigError, AFDShutdown
+from afd_core.errors import AFDConfigError, AFDPeerError, AFDShutdown
 from afd_core.failures import Fuse
 from afd_core.metadata import WIRE_DTYPES, ControlPayload
 
@@ -335,6 +335,9 @@ class Connector(ABC):
         self.extra = type(self).parse_extra_config(config.connector_extra_config)
         #: Shared by every part: closed, or failed with an error (see afd_core.failures).
         self.fuse = Fuse(self.name or type(self).__name__)
+        #: Called (on a connector thread) when a peer is found gone, after the connector
+        #: was failed and its waits woken; the role worker sets it (e.g. to end itself).
+        self.on_peer_lost: Callable[[AFDPeerError], None] | None = None
         self._lifecycle_lock = threading.Lock()
         self._parts: ConnectorParts | None = None
 

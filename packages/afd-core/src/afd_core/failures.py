@@ -34,13 +34,14 @@ class Fuse:
     failed. Thread-safe: :meth:`close` may run on any thread.
     """
 
-    __slots__ = ("_closed", "_failure", "_lock", "blown", "name")
+    __slots__ = ("_closed", "_departure", "_failure", "_lock", "blown", "name")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.blown = False
         self._closed = threading.Event()
         self._failure: AFDError | None = None
+        self._departure: AFDError | None = None
         self._lock = threading.Lock()
 
     @property
@@ -71,6 +72,20 @@ class Fuse:
             if self._failure is None:
                 self._failure = type(exc)(str(exc))
             self.blown = True
+
+    def depart(self, exc: AFDError) -> None:
+        """A peer left in good order: fail at the next step boundary, not now (see
+        :meth:`check_departure`); the first departure wins."""
+        with self._lock:
+            if self._departure is None:
+                self._departure = type(exc)(str(exc))
+
+    def check_departure(self) -> None:
+        """At a step boundary: once a peer left, fail the connector with that and raise."""
+        departure = self._departure
+        if departure is not None:
+            self.blow(departure)
+            raise type(departure)(str(departure))
 
     def check(self) -> None:
         """Raise AFDShutdown when closed, the failure when failed; return otherwise."""

@@ -118,6 +118,17 @@ class Topology:
             return (self.world_rank("ffn", self.ffn_rank_of(role_rank)),)
         return tuple(self.world_rank("attention", a) for a in self.block_of(role_rank))
 
+    def liveness_peers(self, role: Role, role_rank: int) -> tuple[int, ...]:
+        """World ranks whose loss this rank must notice: its data peers and, with the
+        expert exchange, the other FFN ranks of an FFN rank (FFN rank 0 relays steps)."""
+        peers = self.peers_of(role, role_rank)
+        if role == "ffn" and self.exchange == "expert":
+            others = tuple(
+                self.world_rank("ffn", f) for f in range(self.num_ffn_ranks) if f != role_rank
+            )
+            peers = others + peers
+        return peers
+
     def control_senders(self, ffn_rank: int) -> tuple[int, ...]:
         """Attention role ranks whose control payloads reach ``ffn_rank``.
 

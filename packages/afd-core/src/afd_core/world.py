@@ -8,7 +8,15 @@ Every composed connector starts the same way (:func:`open_world`):
 2. the control transport: a :class:`~afd_core.transport.gloo.GlooTransport` on the
    session's ``control/`` prefix (control frames live in host memory on every platform);
 3. the data transport, from the connector's :data:`DataTransportFactory` (the control
-   group under a second tag for the reference connector, NCCL for afd-connectors-gpu).
+   group under a second tag for the reference connector, NCCL for afd-connectors-gpu);
+4. the :class:`~afd_core.liveness.PeerWatch`: a heartbeat link to every peer. A peer
+   that crashed, was killed or went silent fails the connector (its fuse) at once and
+   interrupts both transports; a peer that closed its connector (said goodbye) fails it
+   at the next step boundary (``Fuse.depart``), so steps in flight with other peers
+   finish, and wakes the waits at a step boundary (:attr:`World.boundary_waiters`).
+   Either way the connector's ``on_peer_lost`` runs next: the role worker ends itself
+   (a wait with no deadline, such as an expert-routed follower FFN rank waiting for its
+   leader's next step, ends when the worker closes the connector).
 
 :class:`World` holds them and knows the order in which they go down.
 """
@@ -16,11 +24,12 @@ Every composed connector starts the same way (:func:`open_world`):
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from afd_core.errors import AFDPeerError, AFDShutdown
 from afd_core.failures import PeerFailures
+from afd_core.liveness import PeerWatch
 from afd_core.rendezvous import Hello, Session, exchange_hello, open_session
 from afd_core.transport import Transport
 from afd_core.transport.gloo import TAG_DATA, GlooTransport
@@ -64,9 +73,15 @@ class World:
     data: Transport
     failures: PeerFailures
     timeout_s: float
+    watch: PeerWatch | None = None
+    #: Wake a wait at a step boundary (it then checks ``Fuse.check_departure``).
+    boundary_waiters: list[Callable[[], None]] = field(default_factory=list)
 
     def interrupt(self) -> None:
-        """Wake every wait on either transport (first step of shutting down)."""
+        """Tell the peers this rank leaves, wake every wait on either transport (first
+        step of shutting down)."""
+        if self.watch is not None:
+            self.watch.close()
         self.data.interrupt()
         self.control.interrupt()
 
@@ -103,11 +118,42 @@ def open_world(connector: Connector, data: DataTransportFactory) -> World:
     except BaseException:
         control.close()
         raise
-    world = World(
-        session, control, transport, PeerFailures(topology, timeout_s, connector.fuse), timeout_s
-    )
+    failures = PeerFailures(topology, timeout_s, connector.fuse)
+    world = World(session, control, transport, failures, timeout_s)
+    try:
+        world.watch = PeerWatch.open(
+            session, config.host, rank, topology.liveness_peers(config.role, connector.role_rank),
+            timeout_s, failures.describe, lambda error: _peer_lost(connector, world, error),
+            lambda peer, error: _peer_departed(connector, world, peer, error),
+        )  # fmt: skip
+    except BaseException:
+        world.interrupt()
+        world.release()
+        raise
     if connector.is_closed:
         world.interrupt()
         world.release()
         raise AFDShutdown(f"AFD: {connector.name} was closed during initialize()")
     return world
+
+
+def _peer_lost(connector: Connector, world: World, error: AFDPeerError) -> None:
+    """The watch found a peer gone: fail the connector, wake its waits, tell its owner."""
+    if connector.fuse.closed:
+        return
+    connector.fuse.blow(error)
+    world.data.interrupt()
+    world.control.interrupt()
+    if connector.on_peer_lost is not None:
+        connector.on_peer_lost(error)
+
+
+def _peer_departed(connector: Connector, world: World, peer: int, error: AFDPeerError) -> None:
+    """A peer closed its connector: fail at the next step boundary, wake waits there."""
+    if connector.fuse.closed:
+        return
+    connector.fuse.depart(error)
+    for wake in world.boundary_waiters:
+        wake()
+    if connector.on_peer_lost is not None:
+        connector.on_peer_lost(error)

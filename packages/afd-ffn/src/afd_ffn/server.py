@@ -25,7 +25,9 @@ vLLM's RPCs, and the FFN worker refuses ``execute_model``).
 Any error other than a requested stop ends the loop for good: it is logged with its
 reason, kept for ``check_health``, the connector is closed (so the peers see the FFN rank
 go instead of waiting for it) and ``on_failure`` runs; in a vLLM worker that ends the
-process (:func:`exit_worker_process`), so vLLM shuts the FFN deployment down.
+process (:func:`afd_core.worker_exit.exit_worker_process`), so vLLM shuts the FFN
+deployment down. The connector's peer watch reports a peer that is gone (or left) within
+seconds even while the loop idles; that ends the loop the same way.
 
 Platform independent: vLLM and torch are imported only by :func:`vllm_compute_context`
 and :func:`open_ffn_server`.
@@ -33,10 +35,8 @@ and :func:`open_ffn_server`.
 
 from __future__ import annotations
 
+import functools
 import logging
-import os
-import signal
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
@@ -46,6 +46,7 @@ from afd_core.config import afd_config_from_vllm
 from afd_core.connector import Connector, ExpertRouting, FFNStep
 from afd_core.errors import AFDConfigError, AFDPeerError, AFDProtocolError, AFDShutdown
 from afd_core.roles import build_connector, model_wire_spec, resolve_role_rank
+from afd_core.worker_exit import exit_worker_process
 from afd_ffn.graphs import FFNStepGraphs
 from afd_ffn.stats import FFNStats
 from afd_models.roles import FFNModel
@@ -55,8 +56,6 @@ logger = logging.getLogger(f"vllm.{__name__}")
 
 #: Name of the server thread (visible in ``py-spy dump`` and thread listings).
 THREAD_NAME = "afd-ffn-server"
-#: Seconds :func:`exit_worker_process` waits for a graceful exit before ``os._exit(1)``.
-EXIT_GRACE_S = 10.0
 
 
 def describe_failure(exc: BaseException) -> str:
@@ -103,6 +102,7 @@ class FFNServer:
         self._on_failure = on_failure
         self._device = device
         self._stopping = threading.Event()
+        self._fail_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.stats = FFNStats()
         self.error: BaseException | None = None
@@ -193,6 +193,7 @@ class FFNServer:
 
     def _run(self) -> None:
         rank = self._connector.role_rank
+        self._connector.on_peer_lost = self._fail
         try:
             self._connector.initialize()
             logger.info(
@@ -204,41 +205,32 @@ class FFNServer:
         except AFDShutdown:
             pass
         except Exception as exc:
+            self._fail(exc)
+            return
+        if self.error is None:
+            logger.info("AFD FFN rank %d: stopped after %d steps", rank, self.stats.steps)
+
+    def _fail(self, exc: BaseException) -> None:
+        """End serving for good because of ``exc`` (once; from the loop or the peer watch):
+        record it, log it with its reason, close the connector, call ``on_failure``."""
+        rank = self._connector.role_rank
+        with self._fail_lock:
             if self._stopping.is_set():
                 logger.debug("AFD FFN rank %d: error while stopping: %r", rank, exc)
                 return
+            if self.error is not None:
+                return
             self.error = exc
-            logger.error(
-                "AFD FFN rank %d: the FFN server stopped after %d steps: %s: %s",
-                rank,
-                self.stats.steps,
-                describe_failure(exc),
-                exc,
-                exc_info=exc,
-            )
-            self._connector.close()
-            self._on_failure(exc)
-            return
-        logger.info("AFD FFN rank %d: stopped after %d steps", rank, self.stats.steps)
-
-
-def exit_worker_process(exc: BaseException) -> None:
-    """End this worker process after an FFN server failure, so vLLM notices.
-
-    vLLM never polls a worker's ``check_health``; it does watch its worker processes: when
-    one exits, the executor shuts the engine down and the API server exits with an error.
-    Sends SIGTERM to this process (vLLM's worker handler turns it into an orderly exit)
-    and, should the process still be alive after :data:`EXIT_GRACE_S`, exits hard with
-    status 1.
-    """
-    logger.error("AFD FFN: terminating this worker process (%s: %s)", type(exc).__name__, exc)
-    for handler in logging.getLogger("vllm").handlers:
-        handler.flush()
-    sys.stderr.flush()
-    timer = threading.Timer(EXIT_GRACE_S, os._exit, args=(1,))
-    timer.daemon = True
-    timer.start()
-    os.kill(os.getpid(), signal.SIGTERM)
+        logger.error(
+            "AFD FFN rank %d: the FFN server stopped after %d steps: %s: %s",
+            rank,
+            self.stats.steps,
+            describe_failure(exc),
+            exc,
+            exc_info=exc if exc.__traceback__ is not None else None,
+        )
+        self._connector.close()
+        self._on_failure(exc)
 
 
 def vllm_compute_context(
@@ -290,7 +282,7 @@ def open_ffn_server(
         connector,
         model,
         compute_context=vllm_compute_context(vllm_config, device),
-        on_failure=exit_worker_process,
+        on_failure=functools.partial(exit_worker_process, "FFN"),
         device=device,
         max_cuda_graphs=config.ffn_cuda_graphs,
     )

@@ -138,8 +138,9 @@ class ControlInbox:
     def next_step(self) -> FFNStep | None:
         """The next step, or None once the connector is closed.
 
-        Raises AFDPeerError when an attention rank with nothing queued has disconnected,
-        AFDProtocolError for a payload that breaks the step rules.
+        Raises AFDPeerError when an attention rank with nothing queued has disconnected
+        or nothing is queued and a peer left (``Fuse.check_departure``), AFDProtocolError
+        for a payload that breaks the step rules.
         """
         with self._cond:
             while True:
@@ -150,6 +151,7 @@ class ControlInbox:
                     break
                 for error in self._errors.values():
                     raise error
+                self._fuse.check_departure()
                 self._cond.wait(1.0)
         return self._assembler.assemble(ready)
 

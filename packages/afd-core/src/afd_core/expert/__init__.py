@@ -75,6 +75,7 @@ def assemble_expert(connector: Connector, world: World) -> ConnectorParts:
     if connector.role_rank == 0:
         inbox = ControlInbox(world.control, senders, fuse, world.failures, "afd-control-f0")
         inbox.start()
+        world.boundary_waiters.append(inbox.wake)
     relay = StepRelay(
         world.control,
         topology.num_attention_ranks,

@@ -122,6 +122,7 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
 
     @guarded
     def begin_step(self, payload: ControlPayload) -> None:
+        self._fuse.check_departure()
         if payload.sender_rank != self._role_rank:
             raise AFDProtocolError(
                 f"AFD control: attention rank {self._role_rank} was asked to send a payload "

@@ -77,6 +77,7 @@ def assemble_p2p(
         world.control, senders, fuse, world.failures, f"afd-control-f{connector.role_rank}"
     )
     inbox.start()
+    world.boundary_waiters.append(inbox.wake)
     endpoint_ffn = P2pFFNEndpoint(senders=senders, inbox=inbox, **common)
     return ConnectorParts(
         endpoint_ffn, (world.interrupt, lambda: inbox.stop(JOIN_TIMEOUT_S), world.release)

@@ -1,0 +1,18 @@
+"""How integration tests recognise the error of a rank whose peer went away."""
+
+from __future__ import annotations
+
+
+def reports_peer_gone(error: str | None, peer: str, doing: str) -> bool:
+    """True when ``error`` says that ``peer`` went away while this rank waited for ``doing``.
+
+    Two parts may notice first, so two wordings are right: the transport ("<peer> closed
+    the connection during <doing>") and the peer watch ("<peer> is gone: ..." or
+    "<peer> left: ...", with "(while waiting for <doing>)").
+    """
+    if error is None:
+        return False
+    if f"{peer} closed the connection during {doing}" in error:
+        return True
+    watched = f"{peer} is gone: " in error or f"{peer} left: " in error
+    return watched and f"(while waiting for {doing})" in error
