@@ -195,18 +195,23 @@ def measure(
 
 
 def run_pair(ffn: Any, attention: Any, args: tuple[Any, ...], what: str) -> Any:
-    """Run ``ffn(*args)`` and ``attention(*args, queue)`` in two spawned processes.
+    """Run ``ffn(*args)`` and ``attention(*args, queue)`` in two spawned processes; see
+    :func:`run_ranks`."""
+    return run_ranks([ffn], attention, args, what)
+
+
+def run_ranks(others: Sequence[Any], attention: Any, args: tuple[Any, ...], what: str) -> Any:
+    """Run each of ``others`` as ``fn(*args)`` and ``attention(*args, queue)``, each in a
+    spawned process of its own.
 
     Returns what the attention process puts on the queue. Raises RuntimeError as soon as
-    either process ends without a result, or after :data:`RESULT_TIMEOUT_S`; both
-    processes are gone when it returns.
+    any process ends without a result, or after :data:`RESULT_TIMEOUT_S`; every process
+    is gone when it returns.
     """
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [
-        ctx.Process(target=ffn, args=args),
-        ctx.Process(target=attention, args=(*args, out)),
-    ]
+    procs = [ctx.Process(target=fn, args=args) for fn in others]
+    procs.append(ctx.Process(target=attention, args=(*args, out)))
     for proc in procs:
         proc.start()
     deadline = time.monotonic() + RESULT_TIMEOUT_S
