@@ -20,22 +20,26 @@ GPU_MEMORY_UTILIZATION = "0.1"
 ROLE_GPUS_ENV = "AFD_E2E_ROLE_GPUS"
 
 
-def harness_cli_args() -> tuple[str, ...]:
-    """``HARNESS_CLI_ARGS`` of ``$GPU_HARNESS_SETTINGS``, or nothing when it is unset."""
+def harness_cli_args(mla: bool = False) -> tuple[str, ...]:
+    """``HARNESS_CLI_ARGS`` of ``$GPU_HARNESS_SETTINGS`` (``HARNESS_MLA_CLI_ARGS`` for an
+    MLA model such as DeepSeek-V2), or nothing when it is unset."""
     path = os.environ.get("GPU_HARNESS_SETTINGS")
     if not path:
         return ()
-    return tuple(runpy.run_path(path)["HARNESS_CLI_ARGS"])
+    return tuple(runpy.run_path(path)["HARNESS_MLA_CLI_ARGS" if mla else "HARNESS_CLI_ARGS"])
 
 
-def server_args(graphs: bool = False, graph_mode: str = "FULL_DECODE_ONLY") -> tuple[str, ...]:
+def server_args(
+    graphs: bool = False, graph_mode: str = "FULL_DECODE_ONLY", mla: bool = False
+) -> tuple[str, ...]:
     """The extra command-line arguments of every server of this suite.
 
     ``graphs``: capture CUDA graphs in vLLM's ``cudagraph_mode`` ``graph_mode`` (the
     harness's eager flag dropped, the mode merged into its compilation config); the
-    server must then be started without ``--enforce-eager``.
+    server must then be started without ``--enforce-eager``. ``mla``: the model uses
+    MLA attention (DeepSeek), which the harness runs with other backends.
     """
-    args = list(harness_cli_args())
+    args = list(harness_cli_args(mla))
     if graphs:
         args = with_cuda_graphs(args, graph_mode)
     return (*args, "--gpu-memory-utilization", GPU_MEMORY_UTILIZATION)

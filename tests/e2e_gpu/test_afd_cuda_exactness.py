@@ -3,8 +3,9 @@
 Each case starts a 1A1F AFD deployment (FFN and attention vLLM servers with the CUDA role
 workers that ``worker_cls="auto"`` resolves to) and compares what the official ``openai``
 client gets from the attention server with what it gets from a plain vLLM server of the
-same tiny Qwen3-MoE under the same model runner. Coverage: gate on FFN and on attention,
-Model Runner V2 (vLLM's CUDA default) and V1 (``VLLM_USE_V2_MODEL_RUNNER=0``), eager and
+same tiny model under the same model runner (Qwen3-MoE; DeepSeek-V2 with MLA, its shared
+expert and dense first layer, on the harness's MLA backends). Coverage: gate on FFN and on
+attention, Model Runner V2 (vLLM's CUDA default) and V1 (``VLLM_USE_V2_MODEL_RUNNER=0``), eager and
 CUDA graphs, ``FULL_DECODE_ONLY`` and ``FULL`` (NCCL only; the monolithic reference then
 captures the same graphs, and the AFD output is also compared with monolithic eager
 output: same greedy tokens, and with ``FULL_DECODE_ONLY`` the same logprobs within the
@@ -37,7 +38,9 @@ pytest.importorskip("openai")
 
 pytestmark = pytest.mark.slow
 
-MODEL = "tiny-qwen3-moe"
+QWEN, DEEPSEEK = "tiny-qwen3-moe", "tiny-deepseek-v2"
+#: Models whose attention is MLA (the harness runs them with other attention backends).
+MLA_MODELS = {DEEPSEEK}
 MAX_TOKENS = min(12, MEASURED_TOKENS)
 #: Largest accepted |AFD - monolithic| of a top-5 logprob, in nats: the FFN rank runs the
 #: same kernels on the same tokens as the monolithic server, so any difference is a bf16
@@ -66,6 +69,12 @@ class Case:
     ffn_first: bool = True
     graphs: bool = False
     graph_mode: str = "FULL_DECODE_ONLY"
+    model: str = QWEN
+
+    @property
+    def mla(self) -> bool:
+        """Whether the model uses MLA attention."""
+        return self.model in MLA_MODELS
 
     @property
     def id(self) -> str:
@@ -74,7 +83,7 @@ class Case:
         mode = (
             "eager" if not self.graphs else "graphs" if self.graph_mode != "FULL" else "graphs-full"
         )
-        return f"{MODEL}-1A1F-{gate}-runner-{self.runner}-{self.connector}-{order}-{mode}"
+        return f"{self.model}-1A1F-{gate}-runner-{self.runner}-{self.connector}-{order}-{mode}"
 
     @property
     def role_env(self) -> dict[str, dict[str, str]]:
@@ -96,6 +105,11 @@ CASES = [
     Case("v1", gate_on_attention=False, connector=NCCL, ffn_first=False, graphs=True),
     Case("v2", gate_on_attention=False, connector=NCCL, graphs=True, graph_mode="FULL"),
     Case("v1", gate_on_attention=True, connector=NCCL, graphs=True, graph_mode="FULL"),
+    # DeepSeek-V2: one GPU (gloo) and two (NCCL), eager and FULL_DECODE_ONLY graphs.
+    Case("v2", gate_on_attention=False, model=DEEPSEEK),
+    Case("v1", gate_on_attention=True, model=DEEPSEEK),
+    Case("v2", gate_on_attention=True, connector=NCCL, model=DEEPSEEK),
+    Case("v2", gate_on_attention=False, connector=NCCL, graphs=True, model=DEEPSEEK),
 ]
 
 
@@ -119,15 +133,20 @@ def test_afd_on_cuda_serves_the_same_tokens_as_monolithic_vllm(
 ) -> None:
     if case.connector == NCCL and cuda_device_count() < 2:
         pytest.skip(f"{NCCL} needs two GPUs (one per role); this host has {cuda_device_count()}")
-    model = tiny_models / MODEL
+    model = tiny_models / case.model
     env = RUNNER_ENV[case.runner]
     eager_reference = complete(
-        monolithic_servers.get(model, extra_env=env).url, PROMPTS, MAX_TOKENS
+        monolithic_servers.get(model, extra_env=env, extra_args=server_args(mla=case.mla)).url,
+        PROMPTS,
+        MAX_TOKENS,
     )
     reference = eager_reference
     if case.graphs:
         graph_server = monolithic_servers.get(
-            model, enforce_eager=False, extra_env=env, extra_args=server_args(True, case.graph_mode)
+            model,
+            enforce_eager=False,
+            extra_env=env,
+            extra_args=server_args(True, case.graph_mode, mla=case.mla),
         )
         reference = complete(graph_server.url, PROMPTS, MAX_TOKENS)
     spec = DeploymentSpec(
@@ -137,7 +156,7 @@ def test_afd_on_cuda_serves_the_same_tokens_as_monolithic_vllm(
         ffn_first=case.ffn_first,
         stagger_s=3.0,
         enforce_eager=not case.graphs,
-        extra_args=server_args(case.graphs, case.graph_mode),
+        extra_args=server_args(case.graphs, case.graph_mode, mla=case.mla),
         extra_env=env,
         role_env=case.role_env,
         start_timeout_s=START_TIMEOUT_S,
