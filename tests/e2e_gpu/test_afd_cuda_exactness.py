@@ -52,6 +52,8 @@ V2_LOG_LINE = "Using V2 Model Runner"
 START_TIMEOUT_S = 300.0
 
 NCCL = "P2pNcclAFDConnector"
+#: The expert-routed connector over gloo: every rank shares the attention GPU.
+M2N_GLOO = "DeepEPM2NAFDConnector"
 
 RUNNER_ENV = {
     "v2": {"VLLM_USE_V2_MODEL_RUNNER": "1"},
@@ -105,6 +107,9 @@ CASES = [
     Case("v1", gate_on_attention=False, connector=NCCL, ffn_first=False, graphs=True),
     Case("v2", gate_on_attention=False, connector=NCCL, graphs=True, graph_mode="FULL"),
     Case("v1", gate_on_attention=True, connector=NCCL, graphs=True, graph_mode="FULL"),
+    # Expert-routed over gloo on one GPU: two FFN ranks, each with half the routed experts.
+    Case("v2", gate_on_attention=True, connector=M2N_GLOO),
+    Case("v1", gate_on_attention=True, connector=M2N_GLOO, model=DEEPSEEK),
     # DeepSeek-V2: one GPU (gloo) and two (NCCL), eager and FULL_DECODE_ONLY graphs.
     Case("v2", gate_on_attention=False, model=DEEPSEEK),
     Case("v1", gate_on_attention=True, model=DEEPSEEK),
@@ -160,10 +165,12 @@ def test_afd_on_cuda_serves_the_same_tokens_as_monolithic_vllm(
         extra_env=env,
         role_env=case.role_env,
         start_timeout_s=START_TIMEOUT_S,
+        num_ffn_ranks=2 if case.connector == M2N_GLOO else 1,
+        connector_extra_config={"transport": "gloo"} if case.connector == M2N_GLOO else {},
     )
     with LocalDeployment(spec, work_dir=tmp_path, cache_root=vllm_cache_root) as deployment:
         afd = complete(deployment.endpoint, PROMPTS, MAX_TOKENS)
-        (stats,) = deployment.ffn_stats()
+        stats, *other_ffn_stats = deployment.ffn_stats()
         attention_log = deployment.attention_servers[0].log_path.read_text(errors="replace")
     tokens_equal = [c.token_ids for c in afd] == [c.token_ids for c in reference]
     diff = max_logprob_difference(afd, reference)
@@ -188,8 +195,12 @@ def test_afd_on_cuda_serves_the_same_tokens_as_monolithic_vllm(
         best = max(want.first_token_logprobs, key=want.first_token_logprobs.__getitem__)
         assert best in got.first_token_logprobs, "the greedy first token is missing from AFD's"
     assert diff <= LOGPROB_TOLERANCE, f"a logprob differs by {diff:.4f} nats"
-    num_layers = int(json.loads((model / "config.json").read_text())["num_hidden_layers"])
-    # Every decode step crossed every layer to the FFN rank.
+    config = json.loads((model / "config.json").read_text())
+    num_layers = int(config["num_hidden_layers"])
+    if case.connector == M2N_GLOO:  # only MoE layers exchange; every FFN rank serves all steps
+        num_layers -= int(config.get("first_k_dense_replace", 0))
+        assert [s["steps"] for s in other_ffn_stats] == [stats["steps"]]
+    # Every decode step crossed every exchanging layer to the FFN rank.
     assert stats["layer_exchanges"] >= num_layers * MAX_TOKENS
     assert stats["layer_exchanges"] % num_layers == 0
     assert stats["tokens"] >= len(PROMPTS) * MAX_TOKENS

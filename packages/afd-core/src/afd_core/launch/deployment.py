@@ -41,8 +41,8 @@ class DeploymentSpec:
     vLLM command line and ``extra_env`` into every server's environment (last, so it wins;
     e.g. ``VLLM_USE_V2_MODEL_RUNNER``); ``role_env[role]`` goes on top of it for the
     servers of that role only (e.g. ``CUDA_VISIBLE_DEVICES`` to put each role on its own
-    GPU). ``afd_process_group_timeout_s``: the AFD config key of that name (None: its
-    default).
+    GPU). ``afd_process_group_timeout_s`` and ``connector_extra_config``: the AFD config
+    keys of those names (None / empty: their defaults).
     """
 
     model: Path
@@ -62,6 +62,7 @@ class DeploymentSpec:
     role_env: Mapping[Role, Mapping[str, str]] = field(default_factory=lambda: MappingProxyType({}))
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
     afd_process_group_timeout_s: int | None = None
+    connector_extra_config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def afd_settings(self, role: Role, role_rank: int, connector_port: int) -> dict[str, Any]:
         """The ``additional_config["afd"]`` of rank ``role_rank`` of ``role``."""
@@ -77,6 +78,8 @@ class DeploymentSpec:
         }
         if self.afd_process_group_timeout_s is not None:
             settings["afd_process_group_timeout_s"] = self.afd_process_group_timeout_s
+        if self.connector_extra_config:
+            settings["connector_extra_config"] = dict(self.connector_extra_config)
         return settings
 
     def server_specs(
