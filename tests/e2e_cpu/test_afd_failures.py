@@ -1,4 +1,4 @@
-"""AFD deployments fail loudly and promptly: mismatched peers, a peer that stops.
+"""AFD deployments fail loudly and promptly: mismatched peers, a peer that stops or freezes.
 
 Real vLLM servers over ``P2pGlooAFDConnector``; every wait is bounded by a short
 ``afd_process_group_timeout_s`` so that a hang would fail the test, not stall CI.
@@ -6,6 +6,8 @@ Real vLLM servers over ``P2pGlooAFDConnector``; every wait is bounded by a short
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -114,14 +116,13 @@ def test_stopping_one_role_ends_the_other_roles_waits_with_a_clear_error(
         (attention,) = deployment.attention_servers
         (ffn,) = deployment.ffn_servers
         stopped, survivor = (ffn, attention) if stopped_role == "ffn" else (attention, ffn)
-        errors: list[BaseException] = []
+        outcome: list[object] = []
         if stopped_role == "ffn":
-            # A long request keeps the attention rank waiting on FFN while FFN stops.
-            request = threading.Thread(
-                target=_request_expecting_failure, args=(attention.url, errors)
-            )
+            # A request that may still be decoding when FFN stops (or may have finished:
+            # a tiny model decodes fast); either way it must end, in an error or complete.
+            request = threading.Thread(target=_request, args=(attention.url, outcome))
             request.start()
-            time.sleep(2.0)
+            time.sleep(0.5)
         stopped.stop()
         # The survivor notices the lost peer and exits with the AFD error in its log.
         took = wait_exit(survivor, EXIT_DEADLINE_S)
@@ -130,12 +131,65 @@ def test_stopping_one_role_ends_the_other_roles_waits_with_a_clear_error(
         if stopped_role == "ffn":
             request.join(timeout=60)
             assert not request.is_alive(), "the in-flight request still hangs"
-            assert errors, "the request in flight while FFN stopped did not fail"
+            (result,) = outcome
+            if not isinstance(result, BaseException):  # it finished before FFN left
+                assert all(len(c.token_ids) == REQUEST_TOKENS for c in result), result
         print(f"{survivor.spec.name} exited {took:.1f} s after start")
 
 
-def _request_expecting_failure(url: str, errors: list[BaseException]) -> None:
+#: Tokens per prompt of the request in flight while a role stops.
+REQUEST_TOKENS = 200
+
+
+def _request(url: str, outcome: list[object]) -> None:
     try:
-        complete(url, PROMPTS, 200, timeout_s=90.0)
+        outcome.append(complete(url, PROMPTS, REQUEST_TOKENS, timeout_s=90.0))
     except BaseException as exc:
-        errors.append(exc)
+        outcome.append(exc)
+
+
+def test_a_frozen_ffn_fails_the_streaming_request_in_flight_within_seconds(
+    tiny_models: Path, vllm_cache_root: Path, tmp_path: Path
+) -> None:
+    """SIGSTOP of the whole FFN server while a request streams: the request cannot finish
+    (every step needs the FFN rank), and the attention rank's peer watch, not the 30 s
+    transport timeout, ends it: 5 s of silence, then the attention server exits."""
+    import openai
+
+    spec = DeploymentSpec(model=tiny_models / MODEL, afd_process_group_timeout_s=PEER_TIMEOUT_S)
+    with LocalDeployment(spec, work_dir=tmp_path, cache_root=vllm_cache_root) as deployment:
+        (attention,) = deployment.attention_servers
+        (ffn,) = deployment.ffn_servers
+        client = openai.OpenAI(
+            base_url=f"{attention.url}/v1", api_key="unused", timeout=90.0, max_retries=0
+        )
+        frozen_at, failure, chunks = 0.0, None, 0
+        try:
+            stream = client.completions.create(
+                model=client.models.list().data[0].id,
+                prompt=PROMPTS[0],
+                max_tokens=REQUEST_TOKENS,
+                temperature=0.0,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
+            for _ in stream:
+                chunks += 1
+                if chunks == 1:  # the request is in flight: freeze every FFN process
+                    os.killpg(ffn.pid, signal.SIGSTOP)
+                    frozen_at = time.monotonic()
+        except Exception as exc:
+            failure = exc
+        finally:
+            client.close()
+        failed_after = time.monotonic() - frozen_at
+        took = wait_exit(attention, EXIT_DEADLINE_S)
+        log = attention.log_path.read_text(errors="replace")
+        ffn.stop()  # SIGKILL after the grace period: a stopped process ignores SIGTERM
+    assert frozen_at, "the stream ended before its first chunk"
+    assert chunks < REQUEST_TOKENS, f"the request finished ({chunks} chunks) with FFN frozen"
+    # An exception, or a stream cut short without its last tokens: never a hang.
+    print(f"stream ended after {chunks} chunks, {failed_after:.1f} s after the freeze: {failure!r}")
+    assert "sent no heartbeat for 5 s" in log, attention.log_tail()
+    assert failed_after < PEER_TIMEOUT_S, "the request ended only at the transport timeout"
+    print(f"attention exited {took:.1f} s after start")
