@@ -18,6 +18,7 @@ from __future__ import annotations
 from afd_core.connector import Connector, ConnectorParts
 from afd_core.control.channel import ControlInbox, ControlSender
 from afd_core.control.relay import LEADER_WORLD_RANK, StepRelay
+from afd_core.endpoint_context import EndpointContext
 from afd_core.expert.attention import ExpertAttentionEndpoint
 from afd_core.expert.ffn import ExpertFFNEndpoint
 from afd_core.expert.messages import check_packable
@@ -53,21 +54,14 @@ def assemble_expert(connector: Connector, world: World) -> ConnectorParts:
         connector.wire,
     )
     placement = ExpertPlacement(wire.num_experts, topology.num_ffn_ranks)
-    common = {
-        "wire": wire,
-        "role_rank": connector.role_rank,
-        "transport": world.data,
-        "fuse": fuse,
-        "failures": world.failures,
-        "timeout_s": world.timeout_s,
-    }
+    context = EndpointContext.of(connector, world)
     ffn_world = tuple(topology.world_rank("ffn", f) for f in range(topology.num_ffn_ranks))
     if config.role == "attention":
         sender = ControlSender(
             world.control, (LEADER_WORLD_RANK,), world.timeout_s, fuse, world.failures
         )
         endpoint = ExpertAttentionEndpoint(
-            placement=placement, ffn_world_ranks=ffn_world, control=sender, **common
+            context, placement=placement, ffn_world_ranks=ffn_world, control=sender
         )
         return ConnectorParts(endpoint, (world.interrupt, world.release))
     senders = {a: topology.world_rank("attention", a) for a in range(topology.num_attention_ranks)}
@@ -86,7 +80,7 @@ def assemble_expert(connector: Connector, world: World) -> ConnectorParts:
         world.failures,
     )
     ffn_endpoint = ExpertFFNEndpoint(
-        block=placement.block(connector.role_rank), senders=senders, relay=relay, **common
+        context, block=placement.block(connector.role_rank), senders=senders, relay=relay
     )
     stop_inbox = (lambda: inbox.stop(JOIN_TIMEOUT_S)) if inbox is not None else (lambda: None)
     return ConnectorParts(ffn_endpoint, (world.interrupt, stop_inbox, world.release))

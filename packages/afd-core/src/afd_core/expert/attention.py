@@ -26,15 +26,16 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from afd_core.connector import AttentionEndpoint, ExpertRouting, WireSpec
+from afd_core.connector import AttentionEndpoint, ExpertRouting
 from afd_core.control.channel import ControlSender
+from afd_core.endpoint_context import EndpointContext, active_step, take_in_flight
 from afd_core.errors import AFDProtocolError
 from afd_core.expert.messages import body_bytes, pack_body
 from afd_core.expert.placement import ExpertPlacement
 from afd_core.expert.routing import combine, rows_per_rank
-from afd_core.failures import Fuse, PeerFailures, guarded, layer_of_step
+from afd_core.failures import guarded, layer_of_step
 from afd_core.metadata import ControlPayload
-from afd_core.transport import Transfer, TransferFailed, Transport
+from afd_core.transport import Transfer, TransferFailed
 from afd_core.wire import HEADER_BYTES, HeaderCodec, raise_header_mismatch
 
 if TYPE_CHECKING:
@@ -88,29 +89,23 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
 
     def __init__(
         self,
+        context: EndpointContext,
         *,
-        wire: WireSpec,
-        role_rank: int,
         placement: ExpertPlacement,
         ffn_world_ranks: tuple[int, ...],
-        transport: Transport,
         control: ControlSender,
-        fuse: Fuse,
-        failures: PeerFailures,
-        timeout_s: float,
     ) -> None:
         import torch
 
+        wire, transport = context.wire, context.transport
         self._torch = torch
-        self._wire = wire
-        self._role_rank = role_rank
+        self._wire, self._role_rank, self._transport = wire, context.role_rank, transport
+        self._fuse, self._failures, self._timeout_s = (
+            context.fuse, context.failures, context.timeout_s
+        )  # fmt: skip
         self._placement = placement
         self._ffn_world = ffn_world_ranks
-        self._transport = transport
         self._control = control
-        self._fuse = fuse
-        self._failures = failures
-        self._timeout_s = timeout_s
         self._dtype = getattr(torch, wire.dtype)
         self._layers = wire.exchange_layers
         self._codec = HeaderCodec(wire)
@@ -185,13 +180,8 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
     @guarded
     def recv(self, layer: int, stage: int) -> torch.Tensor:
         step = self._step
-        inflight = self._inflight.pop(stage, None)
-        if step is None or inflight is None or inflight.layer != layer:
-            sent = "nothing" if inflight is None else f"layer {inflight.layer}"
-            raise AFDProtocolError(
-                f"AFD: attention rank {self._role_rank} asks for the result of layer {layer} "
-                f"stage {stage}, but sent {sent} for that stage; call send() and recv() in pairs"
-            )
+        inflight = take_in_flight(self._inflight, layer, stage, self._role_rank)
+        assert step is not None  # a send of this step put it in flight
         transport = self._transport
         deadline = time.monotonic() + self._timeout_s
         try:
@@ -218,20 +208,7 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
     def _check_send(
         self, layer: int, stage: int, hidden: torch.Tensor, routing: ExpertRouting | None
     ) -> _Step:
-        step = self._step
-        if step is None:
-            raise AFDProtocolError(
-                f"AFD: attention rank {self._role_rank} exchanges layer {layer} before any "
-                "step began; call begin_step() first"
-            )
-        if layer not in self._layers:
-            raise AFDProtocolError(
-                f"AFD: layer {layer} is not an exchange (MoE) layer of the wire spec {self._layers}"
-            )
-        if not 0 <= stage < len(step.tokens):
-            raise AFDProtocolError(
-                f"AFD: stage {stage} is outside step {step.step_id}'s {len(step.tokens)} stage(s)"
-            )
+        step = active_step(self._step, layer, stage, self._layers, self._role_rank)
         if stage in self._inflight:
             raise AFDProtocolError(
                 f"AFD: attention rank {self._role_rank} sends layer {layer} stage {stage} while "

@@ -22,14 +22,15 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from afd_core.connector import ExpertRouting, FFNEndpoint, FFNLayerBatch, FFNStep, WireSpec
+from afd_core.connector import ExpertRouting, FFNEndpoint, FFNLayerBatch, FFNStep
 from afd_core.control.relay import StepRelay
+from afd_core.endpoint_context import EndpointContext
 from afd_core.errors import AFDProtocolError
 from afd_core.expert.messages import body_bytes, unpack_body
 from afd_core.expert.routing import localize
-from afd_core.failures import Fuse, PeerFailures, guarded, guarded_until_closed, layer_of_step
+from afd_core.failures import guarded, guarded_until_closed, layer_of_step
 from afd_core.metadata import TransferHeader
-from afd_core.transport import TransferFailed, Transport
+from afd_core.transport import TransferFailed
 from afd_core.wire import HEADER_BYTES, HeaderCodec, raise_header_mismatch
 
 if TYPE_CHECKING:
@@ -66,29 +67,23 @@ class ExpertFFNEndpoint(FFNEndpoint):
 
     def __init__(
         self,
+        context: EndpointContext,
         *,
-        wire: WireSpec,
-        role_rank: int,
         block: range,
         senders: Mapping[int, int],
-        transport: Transport,
         relay: StepRelay,
-        fuse: Fuse,
-        failures: PeerFailures,
-        timeout_s: float,
     ) -> None:
         import torch
 
+        wire = context.wire
         self._torch = torch
-        self._wire = wire
-        self._role_rank = role_rank
+        self._wire, self._role_rank, self._transport = wire, context.role_rank, context.transport
+        self._fuse, self._failures, self._timeout_s = (
+            context.fuse, context.failures, context.timeout_s
+        )  # fmt: skip
         self._block = block
         self._senders = dict(senders)
-        self._transport = transport
         self._relay = relay
-        self._fuse = fuse
-        self._failures = failures
-        self._timeout_s = timeout_s
         self._dtype = getattr(torch, wire.dtype)
         self._layers = wire.exchange_layers
         self._codec = HeaderCodec(wire)

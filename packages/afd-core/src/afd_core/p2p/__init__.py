@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from afd_core.connector import Connector, ConnectorParts
 from afd_core.control.channel import ControlInbox, ControlSender
+from afd_core.endpoint_context import EndpointContext
 from afd_core.graphs import ReplayGuard
 from afd_core.p2p.attention import P2pAttentionEndpoint, P2pPeer
 from afd_core.p2p.ffn import P2pFFNEndpoint
@@ -53,22 +54,14 @@ def assemble_p2p(
     """
     config, topology, fuse = connector.config, connector.topology, connector.fuse
     guard = None if replays is None else replays(connector, world)
-    common = {
-        "wire": connector.wire,
-        "role_rank": connector.role_rank,
-        "transport": world.data,
-        "fuse": fuse,
-        "failures": world.failures,
-        "timeout_s": world.timeout_s,
-        "replays": guard,
-    }
+    context = EndpointContext.of(connector, world)
     if config.role == "attention":
         ffn_rank = topology.ffn_rank_of(connector.role_rank)
         peer = P2pPeer(ffn_rank, topology.world_rank("ffn", ffn_rank))
         sender = ControlSender(
             world.control, (peer.world_rank,), world.timeout_s, fuse, world.failures
         )
-        endpoint = P2pAttentionEndpoint(peer=peer, control=sender, **common)
+        endpoint = P2pAttentionEndpoint(context, peer=peer, control=sender, replays=guard)
         return ConnectorParts(endpoint, (world.interrupt, world.release))
     senders = {
         a: topology.world_rank("attention", a) for a in topology.block_of(connector.role_rank)
@@ -78,7 +71,7 @@ def assemble_p2p(
     )
     inbox.start()
     world.boundary_waiters.append(inbox.wake)
-    endpoint_ffn = P2pFFNEndpoint(senders=senders, inbox=inbox, **common)
+    endpoint_ffn = P2pFFNEndpoint(context, senders=senders, inbox=inbox, replays=guard)
     return ConnectorParts(
         endpoint_ffn, (world.interrupt, lambda: inbox.stop(JOIN_TIMEOUT_S), world.release)
     )

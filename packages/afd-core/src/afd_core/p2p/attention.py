@@ -19,14 +19,15 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from afd_core.connector import AttentionEndpoint, ExpertRouting, WireSpec
+from afd_core.connector import AttentionEndpoint, ExpertRouting
 from afd_core.control.channel import ControlSender
+from afd_core.endpoint_context import EndpointContext, active_step, take_in_flight
 from afd_core.errors import AFDError, AFDProtocolError
-from afd_core.failures import Fuse, PeerFailures, guarded, layer_of_step
+from afd_core.failures import guarded, layer_of_step
 from afd_core.graphs import ReplayGuard
 from afd_core.metadata import ControlPayload
 from afd_core.p2p.headers import IncomingHeaders, OutgoingHeaders
-from afd_core.transport import Transfer, TransferFailed, Transport
+from afd_core.transport import Transfer, TransferFailed
 from afd_core.wire import HeaderCodec
 
 if TYPE_CHECKING:
@@ -74,27 +75,21 @@ class P2pAttentionEndpoint(AttentionEndpoint):
 
     def __init__(
         self,
+        context: EndpointContext,
         *,
-        wire: WireSpec,
-        role_rank: int,
         peer: P2pPeer,
-        transport: Transport,
         control: ControlSender,
-        fuse: Fuse,
-        failures: PeerFailures,
-        timeout_s: float,
         replays: ReplayGuard | None = None,
     ) -> None:
         import torch
 
-        self._wire = wire
-        self._role_rank = role_rank
+        wire = context.wire
+        self._wire, self._role_rank, self._transport = wire, context.role_rank, context.transport
+        self._fuse, self._failures, self._timeout_s = (
+            context.fuse, context.failures, context.timeout_s
+        )  # fmt: skip
         self._peer = peer
-        self._transport = transport
         self._control = control
-        self._fuse = fuse
-        self._failures = failures
-        self._timeout_s = timeout_s
         self._replays = replays
         self._empty = torch.empty
         self._dtype = getattr(torch, wire.dtype)
@@ -106,7 +101,7 @@ class P2pAttentionEndpoint(AttentionEndpoint):
         self._inflight: dict[int, _InFlight] = {}
         self._outgoing: OutgoingHeaders | None = None
         self._incoming: IncomingHeaders | None = None
-        self._sender_name = failures.describe(peer.world_rank)
+        self._sender_name = context.failures.describe(peer.world_rank)
 
     @guarded
     def begin_step(self, payload: ControlPayload) -> None:
@@ -305,13 +300,8 @@ class P2pAttentionEndpoint(AttentionEndpoint):
 
     def _recv(self, layer: int, stage: int) -> torch.Tensor:
         step = self._step
-        inflight = self._inflight.pop(stage, None)
-        if step is None or inflight is None or inflight.layer != layer:
-            sent = "nothing" if inflight is None else f"layer {inflight.layer}"
-            raise AFDProtocolError(
-                f"AFD: attention rank {self._role_rank} asks for the result of layer {layer} "
-                f"stage {stage}, but sent {sent} for that stage; call send() and recv() in pairs"
-            )
+        inflight = take_in_flight(self._inflight, layer, stage, self._role_rank)
+        assert step is not None  # a send of this step put it in flight
         transport = self._transport
         deadline = time.monotonic() + self._timeout_s
         try:
@@ -343,20 +333,7 @@ class P2pAttentionEndpoint(AttentionEndpoint):
         self._replays.watch(step_id)
 
     def _active_step(self, layer: int, stage: int) -> _Step:
-        step = self._step
-        if step is None:
-            raise AFDProtocolError(
-                f"AFD: attention rank {self._role_rank} exchanges layer {layer} before any "
-                "step began; call begin_step() first"
-            )
-        if layer not in self._index:
-            raise AFDProtocolError(
-                f"AFD: layer {layer} is not an exchange layer of the wire spec {self._layers}"
-            )
-        if not 0 <= stage < len(step.tokens):
-            raise AFDProtocolError(
-                f"AFD: stage {stage} is outside step {step.step_id}'s {len(step.tokens)} stage(s)"
-            )
+        step = active_step(self._step, layer, stage, self._layers, self._role_rank)
         if step.done >= step.expected:
             raise AFDProtocolError(
                 f"AFD: attention rank {self._role_rank} exchanges layer {layer} after step "

@@ -17,13 +17,14 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from afd_core.connector import FFNEndpoint, FFNLayerBatch, FFNStep, WireSpec
+from afd_core.connector import FFNEndpoint, FFNLayerBatch, FFNStep
 from afd_core.control.channel import ControlInbox
+from afd_core.endpoint_context import EndpointContext
 from afd_core.errors import AFDError, AFDProtocolError
-from afd_core.failures import Fuse, PeerFailures, guarded, guarded_until_closed, layer_of_step
+from afd_core.failures import guarded, guarded_until_closed, layer_of_step
 from afd_core.graphs import ReplayGuard
 from afd_core.p2p.headers import IncomingHeaders, OutgoingHeaders
-from afd_core.transport import Transfer, TransferFailed, Transport
+from afd_core.transport import Transfer, TransferFailed
 from afd_core.wire import HeaderCodec
 
 if TYPE_CHECKING:
@@ -75,27 +76,21 @@ class P2pFFNEndpoint(FFNEndpoint):
 
     def __init__(
         self,
+        context: EndpointContext,
         *,
-        wire: WireSpec,
-        role_rank: int,
         senders: Mapping[int, int],
-        transport: Transport,
         inbox: ControlInbox,
-        fuse: Fuse,
-        failures: PeerFailures,
-        timeout_s: float,
         replays: ReplayGuard | None = None,
     ) -> None:
         import torch
 
-        self._wire = wire
-        self._role_rank = role_rank
+        wire = context.wire
+        self._wire, self._role_rank, self._transport = wire, context.role_rank, context.transport
+        self._fuse, self._failures, self._timeout_s = (
+            context.fuse, context.failures, context.timeout_s
+        )  # fmt: skip
         self._senders = dict(senders)
-        self._transport = transport
         self._inbox = inbox
-        self._fuse = fuse
-        self._failures = failures
-        self._timeout_s = timeout_s
         self._replays = replays
         self._dtype = getattr(torch, wire.dtype)
         self._logits_dtype = getattr(torch, wire.router_logits_dtype)

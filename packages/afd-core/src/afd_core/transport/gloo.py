@@ -105,21 +105,18 @@ class GlooTransport(Transport):
     # Work, the group and the rendezvous store, alive after close().
 
     def post_send(self, tensor: torch.Tensor, peer: int) -> Transfer:
-        group = self._group
-        if group is None or self._interrupted:
-            raise TransferFailed(peer, "interrupted", "the transport is closed")
-        try:
-            return Transfer(peer, group.send([tensor], peer, self._tag))
-        except RuntimeError as exc:
-            detail = str(exc)
-        raise self._failure(peer, detail)
+        return self._post(True, tensor, peer)
 
     def post_recv(self, tensor: torch.Tensor, peer: int) -> Transfer:
+        return self._post(False, tensor, peer)
+
+    def _post(self, send: bool, tensor: torch.Tensor, peer: int) -> Transfer:
         group = self._group
         if group is None or self._interrupted:
             raise TransferFailed(peer, "interrupted", "the transport is closed")
         try:
-            return Transfer(peer, group.recv([tensor], peer, self._tag))
+            post = group.send if send else group.recv
+            return Transfer(peer, post([tensor], peer, self._tag))
         except RuntimeError as exc:
             detail = str(exc)
         raise self._failure(peer, detail)

@@ -1,0 +1,97 @@
+"""What the role endpoints of one connector share, and the pairing rule of their calls.
+
+Every endpoint (:mod:`afd_core.p2p`, :mod:`afd_core.expert`) is built on the same few
+things from its connector and world: the wire spec, its role rank, the data transport,
+the connector's fuse, the way peers are named in errors, and the AFD timeout. They travel
+together as one :class:`EndpointContext`. :func:`active_step` and :func:`take_in_flight`
+are the rules both attention endpoints apply to ``send`` and ``recv``: a step has begun,
+the layer exchanges and the stage exists; one result per ``send``, same layer and stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+from afd_core.errors import AFDProtocolError
+
+if TYPE_CHECKING:
+    from afd_core.connector import Connector, WireSpec
+    from afd_core.failures import Fuse, PeerFailures
+    from afd_core.transport import Transport
+    from afd_core.world import World
+
+
+@dataclass(frozen=True)
+class EndpointContext:
+    """The parts of a connector every one of its role endpoints uses."""
+
+    wire: WireSpec
+    role_rank: int
+    transport: Transport
+    fuse: Fuse
+    failures: PeerFailures
+    timeout_s: float
+
+    @classmethod
+    def of(cls, connector: Connector, world: World) -> EndpointContext:
+        """The context of ``connector``'s endpoint on its open ``world`` (data transport)."""
+        return cls(
+            connector.wire,
+            connector.role_rank,
+            world.data,
+            connector.fuse,
+            world.failures,
+            world.timeout_s,
+        )
+
+
+class _HasLayer(Protocol):
+    layer: int
+
+
+class _HasStages(Protocol):
+    step_id: int
+    tokens: tuple[int, ...]
+
+
+S = TypeVar("S", bound=_HasStages)
+
+
+def active_step(
+    step: S | None, layer: int, stage: int, layers: tuple[int, ...], role_rank: int
+) -> S:
+    """``step`` when ``layer`` and ``stage`` may exchange in it; AFDProtocolError otherwise
+    (no step began, ``layer`` is not in ``layers``, ``stage`` is not one of its stages)."""
+    if step is None:
+        raise AFDProtocolError(
+            f"AFD: attention rank {role_rank} exchanges layer {layer} before any step began; "
+            "call begin_step() first"
+        )
+    if layer not in layers:
+        raise AFDProtocolError(
+            f"AFD: layer {layer} is not an exchange layer of the wire spec {layers}"
+        )
+    if not 0 <= stage < len(step.tokens):
+        raise AFDProtocolError(
+            f"AFD: stage {stage} is outside step {step.step_id}'s {len(step.tokens)} stage(s)"
+        )
+    return step
+
+
+F = TypeVar("F", bound=_HasLayer)
+
+
+def take_in_flight(in_flight: dict[int, F], layer: int, stage: int, role_rank: int) -> F:
+    """Remove and return the exchange of ``stage`` that ``recv(layer, stage)`` completes.
+
+    Raises AFDProtocolError when that stage has nothing in flight or another layer.
+    """
+    exchange = in_flight.pop(stage, None)
+    if exchange is None or exchange.layer != layer:
+        sent = "nothing" if exchange is None else f"layer {exchange.layer}"
+        raise AFDProtocolError(
+            f"AFD: attention rank {role_rank} asks for the result of layer {layer} "
+            f"stage {stage}, but sent {sent} for that stage; call send() and recv() in pairs"
+        )
+    return exchange
