@@ -600,3 +600,25 @@ def test_an_idle_attention_rank_learns_within_seconds_that_its_ffn_rank_is_gone(
     what = "its process ended" if stop == "kill" else "sent no heartbeat for 5 s"
     assert what in message
     assert took < bound_s, took
+
+
+# Start-up refusals ---------------------------------------------------------------------
+
+
+def joining(role: str, rank: int, port: int) -> None:
+    conn = connect(role, rank, port, 2, 1)
+    conn.close()
+
+
+def test_a_rank_that_joins_twice_is_named_by_every_rank_at_once(ranks, port):
+    ranks.start("ffn", joining, "ffn", 0, port)
+    ranks.start("attn0", joining, "attention", 0, port)
+    ranks.start("attn0-again", joining, "attention", 0, port, delay_s=0.5)
+    out = ranks.join(30)
+    named = "attention rank 0 (world rank 1) joined twice"
+    for name in ("ffn", "attn0", "attn0-again"):
+        assert out[name].error_type == "AFDProtocolError", out[name]
+        assert named in out[name].error, out[name].error
+        # Found as the second one arrives, long before the 20 s rendezvous timeout.
+        assert out[name].elapsed_s < 10, out[name].elapsed_s
+    assert "give each attention server its own role_rank (0..1)" in out["attn0-again"].error

@@ -65,7 +65,12 @@ WORKERS = {
     ("ffn", "cpu"): WorkerSpec("ffn", "cpu", f"{HERE}:FakeFFNWorker", "afd-ffn"),
 }
 REGISTRY = AFDRegistry(
-    connectors=MappingProxyType({}),
+    connectors=MappingProxyType(
+        {
+            "FakeConnector": ConnectorSpec("FakeConnector", f"{HERE}:FakeConnector", ("cpu",)),
+            "CudaOnly": ConnectorSpec("CudaOnly", f"{HERE}:FakeConnector", ("cuda",)),
+        }
+    ),
     workers=MappingProxyType(WORKERS),
     models=MappingProxyType({}),
 )
@@ -232,6 +237,13 @@ def test_every_afd_validate_implementation_sees_the_resolved_config() -> None:
         seen_config, seen_vllm_config = validator.calls[0]
         assert seen_config is config
         assert seen_vllm_config.parallel_config.worker_cls == f"{HERE}.FakeFFNWorker"
+
+
+def test_a_connector_for_another_platform_is_refused_naming_both() -> None:
+    config = AFDConfig(role="ffn", connector="CudaOnly")
+    with pytest.raises(AFDConfigError) as err:
+        apply(config, vllm_config(STOCK_WORKER))
+    assert "connector 'CudaOnly' runs on cuda, not on cpu" in str(err.value)
 
 
 def test_afd_validate_rejection_propagates() -> None:

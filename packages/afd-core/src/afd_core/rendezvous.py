@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from afd_core.errors import (
     AFDConfigError,
@@ -137,6 +137,8 @@ class Session:
     store: Store
     session_id: str
     address: str
+    #: True on FFN rank 0, whose process serves the store (it goes when that rank closes).
+    hosting: bool = False
 
     def key(self, *parts: object) -> str:
         """``afd/<session>/<parts joined by '/'>``."""
@@ -180,7 +182,7 @@ def open_session(
                 f"AFD rendezvous: FFN rank 0 cannot listen on {address} ({exc}); another "
                 "process uses this port: stop it or set a free port in the AFD config"
             ) from exc
-        session = Session(store, secrets.token_hex(8), address)
+        session = Session(store, secrets.token_hex(8), address, hosting=True)
         store.set("afd/session", session.session_id)
         return session
     late = AFDPeerError(
@@ -248,12 +250,22 @@ def exchange_hello(
     Peers (the ranks ``me`` exchanges data with) come first. Raises AFDProtocolError on
     the first difference (after writing the abort record) or when another rank aborted,
     AFDPeerError when a rank does not arrive within ``timeout_s``, AFDShutdown when
-    ``should_stop`` turns true.
+    ``should_stop`` turns true. A second rank with the same role and role rank (two
+    servers started with one ``role_rank``) aborts the rendezvous at once, and every rank
+    then raises AFDProtocolError naming that rank.
     """
     store = session.store
     deadline = time.monotonic() + timeout_s
     abort_key = session.key("abort")
     try:
+        if store.add(session.key("joined", me.role, me.role_rank), 1) > 1:
+            count = topology.num_ffn_ranks if me.role == "ffn" else topology.num_attention_ranks
+            problem = (
+                f"AFD rendezvous: {me.name} joined twice: a second {me.role} server was "
+                f"started as {me.role} rank {me.role_rank}; give each {me.role} server its "
+                f"own role_rank (0..{count - 1})"
+            )
+            _abort(session, topology, problem)
         store.set(session.key("hello", me.role, me.role_rank), me.encode())
         peers = topology.peers_of(me.role, me.role_rank)
         others = [w for w in range(topology.world_size) if w != me.world_rank and w not in peers]
@@ -270,13 +282,14 @@ def exchange_hello(
                 theirs = Hello.decode(store.get(session.key("hello", role, rank)))
                 problem = compare_hello(me, theirs)
                 if problem is not None:
-                    store.compare_set(abort_key, "", f"{problem} (reported by {me.name})")
-                    raise AFDProtocolError(problem)
+                    _abort(session, topology, problem, f" (reported by {me.name})")
                 pending.remove((role, rank))
             if not pending:
                 break
             if store.check([abort_key]):  # after our own comparisons: report our view first
                 reason = store.get(abort_key).decode()
+                store.add(session.key("abort_read"), 1)
+                _linger_for_readers(session, topology)
                 raise AFDProtocolError(f"AFD rendezvous aborted by another rank: {reason}")
             if time.monotonic() >= deadline:
                 role, rank = pending[0]
@@ -295,3 +308,39 @@ def exchange_hello(
             f"AFD rendezvous: lost the store at {session.address} ({exc}); FFN rank 0 "
             "stopped — see its log"
         ) from exc
+
+
+#: Seconds FFN rank 0 (the store's host) waits, after an abort, for the ranks that joined
+#: to read the abort record before its store goes away with it.
+ABORT_LINGER_S = 2.0
+
+
+def _abort(session: Session, topology: Topology, problem: str, signed: str = "") -> NoReturn:
+    """Publish ``problem`` as the session's abort record (first writer wins) and raise it.
+
+    On the store's host, first wait (at most :data:`ABORT_LINGER_S`) until every other
+    rank that joined has read the record, so they all report the reason rather than a
+    lost store.
+    """
+    store = session.store
+    store.compare_set(session.key("abort"), "", problem + signed)
+    store.add(session.key("abort_read"), 1)
+    _linger_for_readers(session, topology)
+    raise AFDProtocolError(problem)
+
+
+def _linger_for_readers(session: Session, topology: Topology) -> None:
+    """On the store's host: wait until every rank that joined has read the abort record
+    (each counts itself in ``abort_read``), at most :data:`ABORT_LINGER_S`."""
+    if not session.hosting:
+        return
+    store = session.store
+    joined = sum(
+        store.add(session.key("joined", role, rank), 0)
+        for role, count in (("ffn", topology.num_ffn_ranks),
+                            ("attention", topology.num_attention_ranks))
+        for rank in range(count)
+    )  # fmt: skip
+    deadline = time.monotonic() + ABORT_LINGER_S
+    while store.add(session.key("abort_read"), 0) < joined and time.monotonic() < deadline:
+        time.sleep(0.01)

@@ -152,10 +152,19 @@ def apply_afd_config(
 ) -> None:
     """Make ``vllm_config`` run ``config.role``; then let every plugin validate it.
 
-    Sets ``parallel_config.worker_cls`` (see :func:`resolve_worker_cls`), turns prefix
+    Refuses a connector whose spec does not list ``platform`` (AFDConfigError naming both),
+    sets ``parallel_config.worker_cls`` (see :func:`resolve_worker_cls`), turns prefix
     caching off for the FFN role (it has no KV cache) and calls the ``afd_validate`` hook
     of every plugin, whose AFDConfigError propagates.
     """
+    connector = registry.connector(config.connector)
+    if platform not in connector.platforms:
+        raise AFDConfigError(
+            f"AFD config: connector {config.connector!r} runs on "
+            f"{', '.join(connector.platforms)}, not on {platform} (this vLLM's platform); "
+            "choose a connector for this platform (afd check lists the registered ones) or "
+            "run this role where the connector can"
+        )
     parallel = vllm_config.parallel_config
     parallel.worker_cls = resolve_worker_cls(
         config, platform, parallel.worker_cls, was_auto, registry
