@@ -600,6 +600,7 @@ def test_an_idle_attention_rank_learns_within_seconds_that_its_ffn_rank_is_gone(
     what = "its process ended" if stop == "kill" else "sent no heartbeat for 5 s"
     assert what in message
     assert took < bound_s, took
+    print(f"RESULT idle attention rank, FFN {stop}: lost after {took:.3f} s")
 
 
 # Start-up refusals ---------------------------------------------------------------------
