@@ -74,7 +74,8 @@ def routing(rank: int, step: int, layer: int, n: int, narrow: bool) -> tuple[Any
 def run_ffn(port: int, a: int, f: int, rank: int, finished: Any) -> dict[str, Any]:
     """Serve every step of every attention rank; report what this FFN rank received.
 
-    Releases ``finished`` once served (an attention rank that leaves ends the steps).
+    Then waits at ``finished`` (every rank of the world meets there, so no attention rank
+    leaves while an FFN rank still serves; a leaving rank fails the others' next step).
     """
     conn = connect("ffn", rank, port, a, f)
     first = conn.ffn.block.start
@@ -90,7 +91,7 @@ def run_ffn(port: int, a: int, f: int, rank: int, finished: Any) -> dict[str, An
                 )
                 conn.ffn.send(batch, out)
             served += len(step.attention_ranks)
-        finished.release()
+        finished.wait(30)
         return conn.ffn.stats()
     finally:
         conn.close()
@@ -109,10 +110,7 @@ def run_attention(port: int, a: int, f: int, rank: int, finished: Any) -> dict[s
                 result = conn.attention.recv(layer, 0)
                 assert torch.equal(result, expert_function(x, ids, weights, layer)), (step, layer)
         stats = conn.attention.stats()
-        for _ in range(f):  # every FFN rank is done before any attention rank leaves
-            assert finished.acquire(timeout=30), "an FFN rank did not finish"
-        for _ in range(f):
-            finished.release()
+        finished.wait(30)  # every FFN rank is done before any attention rank leaves
         return stats
     finally:
         conn.close()
@@ -120,7 +118,7 @@ def run_attention(port: int, a: int, f: int, rank: int, finished: Any) -> dict[s
 
 @pytest.mark.parametrize(("a", "f"), [(1, 2), (2, 2), (2, 3), (1, 1)])
 def test_routed_exchanges_are_exact_and_each_rank_gets_only_its_tokens(ranks, port, a, f):
-    finished = ranks.context.Semaphore(0)
+    finished = ranks.context.Barrier(a + f)
     for rank in range(f):
         ranks.start(f"ffn{rank}", run_ffn, port, a, f, rank, finished)
     for rank in range(a):
