@@ -18,9 +18,13 @@ session (never torch's default group). Facts of gloo in torch 2.13 that shape it
   one aborts the receiving process (a C++ ``terminate``), so every receive is posted at
   least as large as the message it may get;
 * a send completes once the peer has posted the matching receive: pre-posting receives
-  saves a handshake.
+  saves a handshake;
+* a receive and a send pending on one pair under the same tag are slower than under two
+  tags (measured round trip of 32 KiB each way: 111 to 145 µs against 94 µs).
 
-Messages of one transport use one tag, so a pair's messages match in posting order; a
+Messages of one transport and direction use one tag (the transport's tag, with
+:data:`TAG_UPWARD` set for messages from a higher to a lower world rank), so a pair's
+messages match in posting order and the two directions never share a tag; a
 second transport may share the group under another tag (:meth:`GlooTransport.share`),
 which is how the reference connector runs its control channel and data plane on one
 group: a second group doubles the gloo I/O threads and TCP connections of every rank,
@@ -45,6 +49,8 @@ if TYPE_CHECKING:
 #: small tags collectives use).
 TAG_CONTROL = 0x41460001
 TAG_DATA = 0x41460002
+#: Set in the tag of a message from a higher to a lower world rank (see the module docstring).
+TAG_UPWARD = 0x100
 #: The tag of the dummy receive that :meth:`GlooTransport.interrupt` lets time out.
 TAG_WAKE = 0x414600FF
 #: How long a wait without deadline may block: "forever" without overflowing gloo's clock.
@@ -114,9 +120,11 @@ class GlooTransport(Transport):
         group = self._group
         if group is None or self._interrupted:
             raise TransferFailed(peer, "interrupted", "the transport is closed")
+        upward = (self._world_rank > peer) if send else (peer > self._world_rank)
+        tag = self._tag | TAG_UPWARD if upward else self._tag
         try:
             post = group.send if send else group.recv
-            return Transfer(peer, post([tensor], peer, self._tag))
+            return Transfer(peer, post([tensor], peer, tag))
         except RuntimeError as exc:
             detail = str(exc)
         raise self._failure(peer, detail)
