@@ -6,15 +6,19 @@ Real vLLM servers over ``P2pGlooAFDConnector``; every wait is bounded by a short
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from afd_core.launch import DeploymentSpec, LocalDeployment, ServerSpec, VllmServer, free_ports
+from afd_core.worker_exit import EXIT_GRACE_S
 from afd_models.tiny.specs import PROMPTS
 from tests.e2e_cpu.harness import complete
 
@@ -128,6 +132,9 @@ def test_stopping_one_role_ends_the_other_roles_waits_with_a_clear_error(
         took = wait_exit(survivor, EXIT_DEADLINE_S)
         log = survivor.log_path.read_text(errors="replace")
         assert "AFDPeerError" in log or "closed the connection" in log, survivor.log_tail()
+        # It ended because of a failure: a supervisor must see a non-zero status.
+        assert survivor.exit_status == 1, survivor.log_tail()
+        assert "this server ended because of a failure" in log, survivor.log_tail()
         if stopped_role == "ffn":
             request.join(timeout=60)
             assert not request.is_alive(), "the in-flight request still hangs"
@@ -193,3 +200,72 @@ def test_a_frozen_ffn_fails_the_streaming_request_in_flight_within_seconds(
     assert "sent no heartbeat for 5 s" in log, attention.log_tail()
     assert failed_after < PEER_TIMEOUT_S, "the request ended only at the transport timeout"
     print(f"attention exited {took:.1f} s after start")
+
+
+def post_json(url: str, body: dict[str, object]) -> tuple[int, str]:
+    """``POST`` ``body`` as JSON; the HTTP status and the response text."""
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+
+
+def test_a_completion_sent_to_the_ffn_server_is_refused_and_the_ffn_keeps_serving(
+    tiny_models: Path, vllm_cache_root: Path, tmp_path: Path
+) -> None:
+    spec = DeploymentSpec(model=tiny_models / MODEL, afd_process_group_timeout_s=PEER_TIMEOUT_S)
+    with LocalDeployment(spec, work_dir=tmp_path, cache_root=vllm_cache_root) as deployment:
+        (ffn,) = deployment.ffn_servers
+        model = deployment.model_name
+        for path, body in [
+            ("/v1/completions", {"prompt": PROMPTS[0], "max_tokens": 4}),
+            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ]:
+            status, text = post_json(f"{ffn.url}{path}", {"model": model, **body})
+            assert status == 400, (path, status, text)
+            assert "send completions to the attention role's server" in text, text
+        # A streamed request gets the same error as its only event (vLLM's convention for
+        # an error after the stream started).
+        status, text = post_json(
+            f"{ffn.url}/v1/completions",
+            {"model": model, "prompt": PROMPTS[0], "max_tokens": 4, "stream": True},
+        )
+        assert '"code": 400' in text and "attention role's server" in text, (status, text)
+        # The FFN server is healthy and still serves its attention rank.
+        assert ffn.is_healthy()
+        (completion,) = complete(deployment.endpoint, PROMPTS[:1], 4)
+        assert len(completion.token_ids) == 4
+
+
+@pytest.mark.parametrize("killed_role", ["attention", "ffn"])
+def test_killing_an_api_server_ends_its_engine_and_workers_within_seconds(
+    killed_role: str, tiny_models: Path, vllm_cache_root: Path, tmp_path: Path
+) -> None:
+    """``kill -9`` of one role's API server process: vLLM leaves its engine and worker
+    running; AFD's frontend watch ends them (and so their connector), and the other role
+    then ends with a failure (non-zero status)."""
+    spec = DeploymentSpec(model=tiny_models / MODEL, afd_process_group_timeout_s=PEER_TIMEOUT_S)
+    with LocalDeployment(spec, work_dir=tmp_path, cache_root=vllm_cache_root) as deployment:
+        assert complete(deployment.endpoint, PROMPTS[:1], 4)[0].token_ids
+        (attention,) = deployment.attention_servers
+        (ffn,) = deployment.ffn_servers
+        killed, survivor = (attention, ffn) if killed_role == "attention" else (ffn, attention)
+        assert killed.pid is not None
+        descendants = killed.leftover_pids()
+        assert len(descendants) >= 3, descendants  # API server, engine core, worker
+        os.kill(killed.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        bound = EXIT_GRACE_S + 5.0  # the watch sees the end at once; then vLLM's exit
+        while left := killed.leftover_pids():
+            if time.monotonic() - killed_at > bound:
+                pytest.fail(f"{killed.spec.name}: {left} still run {bound:.0f} s after kill -9")
+            time.sleep(0.2)
+        gone_after = time.monotonic() - killed_at
+        wait_exit(survivor, EXIT_DEADLINE_S)
+        log = survivor.log_path.read_text(errors="replace")
+    print(f"{killed.spec.name}'s processes gone {gone_after:.1f} s after kill -9 of its API server")
+    assert survivor.exit_status == 1, log[-3000:]

@@ -28,6 +28,7 @@ from afd_core.vllm_plugin import (
     apply_afd_config,
     check_vllm_version,
     install_config_hook,
+    install_request_refusal,
     register,
     resolve_worker_cls,
 )
@@ -269,6 +270,10 @@ def make_platform_class() -> type:
             if vllm_config.parallel_config.worker_cls == "auto":
                 vllm_config.parallel_config.worker_cls = STOCK_WORKER
 
+        @classmethod
+        def validate_request(cls, processed_inputs: Any, params: Any) -> None:
+            """Every request is fine (vLLM's default)."""
+
         def is_cpu(self) -> bool:
             return True
 
@@ -324,6 +329,23 @@ def test_config_hook_whose_replacement_is_ignored_is_an_install_error() -> None:
         install_config_hook(platform_cls)
 
 
+def test_the_ffn_request_refusal_raises_vllms_validation_error_and_leaves_the_hook() -> None:
+    exceptions = pytest.importorskip("vllm.exceptions", reason="needs vLLM's error classes")
+
+    class Platform:
+        @classmethod
+        def validate_request(cls, processed_inputs: Any, params: Any) -> None:
+            """vLLM's default: every request is fine."""
+
+    install_request_refusal(Platform)
+    install_request_refusal(Platform)  # idempotent
+    with pytest.raises(exceptions.VLLMValidationError, match="attention role's server"):
+        Platform.validate_request({"type": "token"}, None)
+    # vLLM maps a VLLMValidationError to HTTP 400 (a client error, not a crash).
+    assert issubclass(exceptions.VLLMValidationError, exceptions.VLLMClientError)
+    assert Platform.validate_request.__wrapped__.__func__.__doc__.startswith("vLLM's default")
+
+
 # register() against a fake vLLM ----------------------------------------------------------
 
 
@@ -370,8 +392,15 @@ def install_fake_vllm(monkeypatch: pytest.MonkeyPatch, version: str) -> SimpleNa
     monkeypatch.setattr(
         vllm_plugin, "request_amx_tile_permission", lambda: amx_requests.append(None)
     )
+    # The frontend's environment and exit hook belong to a real server process.
+    frontends: list[None] = []
+    monkeypatch.setattr(vllm_plugin, "become_frontend", lambda: frontends.append(None))
+    monkeypatch.setattr(vllm_plugin, "watch_frontend", lambda: False)
     return SimpleNamespace(
-        platform_cls=platform_cls, model_registry=model_registry, amx_requests=amx_requests
+        platform_cls=platform_cls,
+        model_registry=model_registry,
+        amx_requests=amx_requests,
+        frontends=frontends,
     )
 
 
@@ -402,6 +431,8 @@ def test_register_registers_models_and_wraps_the_platform_hook_once(
     assert fake.platform_cls.calls == 1
     assert cfg.parallel_config.worker_cls == f"{HERE}.FakeFFNWorker"
     assert cfg.cache_config.enable_prefix_caching is False
+    assert len(fake.frontends) == 1  # this process is the FFN server's frontend
+    assert getattr(fake.platform_cls.validate_request, HOOK_SENTINEL)  # and refuses requests
 
 
 def test_registered_hook_leaves_a_non_afd_deployment_alone(
@@ -414,6 +445,8 @@ def test_registered_hook_leaves_a_non_afd_deployment_alone(
     fake.platform_cls.check_and_update_config(cfg)
     assert cfg.parallel_config.worker_cls == STOCK_WORKER
     assert cfg.cache_config.enable_prefix_caching is True
+    assert fake.frontends == []
+    assert not hasattr(fake.platform_cls.validate_request, HOOK_SENTINEL)
 
 
 def test_registered_hook_rejects_an_invalid_afd_config(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from afd_core.config import AFDConfig, afd_config_from_vllm
 from afd_core.errors import AFDConfigError, AFDInstallError
+from afd_core.frontend import become_frontend, watch_frontend
 from afd_core.platform import current_platform_name
 from afd_core.plugins import AFDPluginManager, get_plugin_manager
 from afd_core.registry import AFDRegistry, get_registry
@@ -29,6 +30,10 @@ HOOK_SENTINEL = "__afd_config_hook__"
 
 def register() -> None:
     """Install AFD into this vLLM process; idempotent and cheap.
+
+    In a process started by an AFD server's frontend (its engine and workers) it also
+    starts the watch that ends the process when the frontend is gone
+    (:func:`afd_core.frontend.watch_frontend`).
 
     Raises AFDInstallError for an unsupported vLLM version, a broken plugin, or a vLLM
     platform whose config hook cannot be wrapped.
@@ -46,6 +51,7 @@ def register() -> None:
     if current_platform.is_cpu():
         request_amx_tile_permission()
     install_config_hook(type(current_platform))
+    watch_frontend()
 
 
 def request_amx_tile_permission() -> None:
@@ -91,40 +97,92 @@ def install_config_hook(platform_cls: type) -> None:
     A second call finds the sentinel and does nothing. Raises AFDInstallError when the
     attribute is missing or cannot be replaced: AFD must never be silently inactive.
     """
-    original = getattr(platform_cls, "check_and_update_config", None)
+
+    def check_and_update_config(original: Callable[..., Any], vllm_config: Any) -> None:
+        afd_check_and_update_config(original, vllm_config)
+
+    wrap_platform_classmethod(
+        platform_cls,
+        "check_and_update_config",
+        check_and_update_config,
+        consequence="AFD cannot resolve its role workers on this vLLM platform",
+    )
+
+
+def install_request_refusal(platform_cls: type) -> None:
+    """Make ``platform_cls.validate_request`` refuse every request (the FFN role's server).
+
+    vLLM's input processor calls the platform's ``validate_request`` in the API server
+    process before a request reaches the engine; the ``VLLMValidationError`` raised here
+    becomes an HTTP 400 whose message is :data:`FFN_REQUEST_REFUSAL`, and the engine never
+    sees the request, so the FFN deployment keeps serving its attention ranks. Idempotent;
+    raises AFDInstallError when the classmethod cannot be wrapped.
+    """
+
+    def validate_request(original: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        from vllm.exceptions import VLLMValidationError
+
+        raise VLLMValidationError(FFN_REQUEST_REFUSAL)
+
+    wrap_platform_classmethod(
+        platform_cls,
+        "validate_request",
+        validate_request,
+        consequence="requests sent to this FFN server would crash it",
+    )
+
+
+#: The HTTP 400 message of a completion (or any generation request) sent to an FFN server.
+FFN_REQUEST_REFUSAL = (
+    "AFD: this server runs the FFN role of an AFD deployment and serves no requests; "
+    "send completions to the attention role's server"
+)
+
+
+def wrap_platform_classmethod(
+    platform_cls: type, name: str, replacement: Callable[..., Any], *, consequence: str
+) -> None:
+    """Replace classmethod ``name`` of ``platform_cls`` by ``replacement(original, *args)``.
+
+    ``original`` is the bound classmethod that was there. A classmethod already wrapped
+    by AFD (its sentinel set) is left alone. Raises AFDInstallError, ending with
+    ``consequence``, when the attribute is missing or cannot be replaced.
+    """
+    original = getattr(platform_cls, name, None)
     if not callable(original):
         raise AFDInstallError(
-            f"AFD: vLLM platform {platform_cls.__qualname__} has no check_and_update_config; "
-            "this vLLM is not the 0.32.0 that AFD supports"
+            f"AFD: vLLM platform {platform_cls.__qualname__} has no {name}; this vLLM is "
+            "not the 0.32.0 that AFD supports"
         )
     if getattr(original, HOOK_SENTINEL, False):
         return
 
-    def check_and_update_config(cls: type, vllm_config: Any) -> None:
-        afd_check_and_update_config(original, vllm_config)
+    def wrapper(cls: type, *args: Any, **kwargs: Any) -> Any:
+        return replacement(original, *args, **kwargs)
 
-    setattr(check_and_update_config, HOOK_SENTINEL, True)
-    check_and_update_config.__wrapped__ = original  # type: ignore[attr-defined]
-    check_and_update_config.__doc__ = original.__doc__
+    setattr(wrapper, HOOK_SENTINEL, True)
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    wrapper.__doc__ = original.__doc__
     try:
-        platform_cls.check_and_update_config = classmethod(check_and_update_config)
+        setattr(platform_cls, name, classmethod(wrapper))
     except (AttributeError, TypeError) as exc:
         raise AFDInstallError(
-            f"AFD: cannot wrap {platform_cls.__qualname__}.check_and_update_config ({exc}); "
-            "AFD cannot resolve its role workers on this vLLM platform"
+            f"AFD: cannot wrap {platform_cls.__qualname__}.{name} ({exc}); {consequence}"
         ) from exc
-    if not getattr(platform_cls.check_and_update_config, HOOK_SENTINEL, False):
+    if not getattr(getattr(platform_cls, name), HOOK_SENTINEL, False):
         raise AFDInstallError(
-            f"AFD: replacing {platform_cls.__qualname__}.check_and_update_config had no "
-            "effect; AFD cannot resolve its role workers on this vLLM platform"
+            f"AFD: replacing {platform_cls.__qualname__}.{name} had no effect; {consequence}"
         )
 
 
 def afd_check_and_update_config(original: Callable[[Any], None], vllm_config: Any) -> None:
     """The wrapped platform hook: run vLLM's, then apply AFD when it is configured.
 
-    Runs in the process that builds the vLLM config. Raises AFDConfigError for an invalid
-    AFD config or worker_cls, AFDInstallError when the role's package is missing.
+    Runs in the process that builds the vLLM config (the API server, or the process of an
+    offline ``LLM``): that process becomes the AFD server's frontend
+    (:func:`afd_core.frontend.become_frontend`) and, for the FFN role, refuses requests
+    (:func:`install_request_refusal`). Raises AFDConfigError for an invalid AFD config or
+    worker_cls, AFDInstallError when the role's package is missing.
     """
     was_auto = vllm_config.parallel_config.worker_cls == "auto"
     original(vllm_config)
@@ -139,6 +197,11 @@ def afd_check_and_update_config(original: Callable[[Any], None], vllm_config: An
         registry=get_registry(),
         pm=get_plugin_manager(),
     )
+    become_frontend()
+    if config.role == "ffn":
+        from vllm.platforms import current_platform
+
+        install_request_refusal(type(current_platform))
 
 
 def apply_afd_config(

@@ -1,9 +1,12 @@
-"""Ending a vLLM worker process after an AFD failure, so that vLLM notices and stops.
+"""Ending a vLLM process after an AFD failure, so that vLLM notices and stops.
 
 vLLM never polls a worker's ``check_health``; it does watch its worker processes: when
-one exits, the executor shuts the engine down and the API server exits with an error.
-Both role workers use :func:`exit_worker_process` when their connector fails for good
-(the FFN server's loop ended with an error; a peer of an attention rank is gone).
+one exits, the executor shuts the engine down and the API server exits. Both role
+workers use :func:`exit_worker_process` when their connector fails for good (the FFN
+server's loop ended with an error; a peer of an attention rank is gone); it records the
+failure for the frontend (:func:`afd_core.frontend.record_failure`), so the API server
+exits with a non-zero status. :func:`exit_process` is the same exit without a failure
+record (a process whose API server is gone).
 """
 
 from __future__ import annotations
@@ -14,21 +17,33 @@ import signal
 import sys
 import threading
 
+from afd_core.frontend import record_failure
+
 # A child of vLLM's logger, so vLLM's logging config (handler, level, format) applies.
 logger = logging.getLogger(f"vllm.{__name__}")
 
-#: Seconds :func:`exit_worker_process` waits for a graceful exit before ``os._exit(1)``.
+#: Seconds :func:`exit_process` waits for a graceful exit before ``os._exit(1)``.
 EXIT_GRACE_S = 10.0
 
 
 def exit_worker_process(role: str, exc: BaseException) -> None:
     """End this worker process because of ``exc`` (``role`` names it in the log line).
 
-    Sends SIGTERM to this process (vLLM's worker handler turns it into an orderly exit)
-    and, should the process still be alive after :data:`EXIT_GRACE_S`, exits hard with
-    status 1. Safe to call from any thread; returns at once.
+    Records the failure for the frontend, then :func:`exit_process`. Safe to call from
+    any thread; returns at once.
     """
-    logger.error("AFD %s: terminating this worker process (%s: %s)", role, type(exc).__name__, exc)
+    record_failure(role, exc)
+    exit_process(f"AFD {role}: {type(exc).__name__}: {exc}")
+
+
+def exit_process(reason: str) -> None:
+    """End this process: log ``reason``, send SIGTERM to itself, exit hard if still alive.
+
+    SIGTERM is vLLM's orderly exit in its engine and worker processes; should the process
+    still be alive after :data:`EXIT_GRACE_S`, it exits with status 1. Safe to call from
+    any thread; returns at once.
+    """
+    logger.error("AFD: terminating this process (%s)", reason)
     for handler in logging.getLogger("vllm").handlers:
         handler.flush()
     sys.stderr.flush()

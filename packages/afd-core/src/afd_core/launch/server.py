@@ -184,6 +184,12 @@ class VllmServer:
         """Started and the API server process has not exited."""
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def exit_status(self) -> int | None:
+        """The API server's exit status (negative: the signal that ended it), or None
+        while it runs or before it started."""
+        return self._proc.poll() if self._proc else None
+
     def start(self) -> None:
         """Start the server process (returns at once; see :meth:`wait_healthy`)."""
         if self._proc is not None:

@@ -1,0 +1,190 @@
+"""The frontend of an AFD server and its descendants: who outlives whom, and the exit status.
+
+The *frontend* is the process that builds the vLLM config of an AFD role: the API server
+(``python -m vllm.entrypoints.openai.api_server``, ``vllm serve``) or the process of an
+offline ``LLM``. vLLM starts the engine core from it and the workers from the engine core,
+all with the frontend's environment. Two things vLLM 0.32 does not do, this module does:
+
+* **Descendants end with the frontend.** When the API server is killed (``kill -9``, OOM
+  killer), vLLM leaves its engine and workers running; an AFD worker would then keep its
+  connector to the other role open, serving nobody. :func:`become_frontend` writes the
+  frontend's pid into the environment (:data:`FRONTEND_PID_ENV`);
+  :func:`watch_frontend`, called by the AFD plugin in every vLLM process, starts a
+  daemon thread in each descendant that waits on the frontend's pid (a Linux pidfd, or a
+  1 s poll where pidfds are missing) and, once it is gone, ends its own process with
+  :func:`afd_core.worker_exit.exit_process` (SIGTERM to itself: vLLM's orderly exit,
+  which closes the connector, so the peers see a goodbye). Bound: the frontend's exit
+  is seen at once (pidfd) or within :data:`POLL_INTERVAL_S`; the process then has
+  :data:`afd_core.worker_exit.EXIT_GRACE_S` to exit before it exits hard.
+* **A failure is a non-zero exit.** When an AFD worker ends itself because of a failure
+  (a lost peer, a protocol error, an FFN loop that failed), vLLM's API server shuts down
+  and exits with status 0. The worker writes the failure into the frontend's failure
+  record (:func:`record_failure`, a file named by :data:`FAILURE_RECORD_ENV`); at exit the
+  frontend finds it, logs it and exits with :data:`FAILURE_EXIT_STATUS`. A server stopped
+  on purpose (SIGTERM, Ctrl-C) with no failure recorded keeps vLLM's own status.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import select
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import MutableMapping
+from pathlib import Path
+
+# A child of vLLM's logger, so vLLM's logging config (handler, level, format) applies.
+logger = logging.getLogger(f"vllm.{__name__}")
+
+#: Environment variable holding the frontend's pid (set by :func:`become_frontend`).
+FRONTEND_PID_ENV = "AFD_FRONTEND_PID"
+#: Environment variable naming the frontend's failure record file.
+FAILURE_RECORD_ENV = "AFD_FAILURE_RECORD"
+#: Exit status of a frontend whose deployment ended because of a recorded failure.
+FAILURE_EXIT_STATUS = 1
+#: Seconds between two checks of the frontend's pid where pidfds are not available.
+POLL_INTERVAL_S = 1.0
+#: Name of the watching thread (visible in ``py-spy dump`` and thread listings).
+WATCH_THREAD_NAME = "afd-frontend-watch"
+
+_frontend_lock = threading.Lock()
+_is_frontend = False
+_watching = False
+
+
+def become_frontend(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Make this process the frontend of its AFD server (idempotent).
+
+    Writes :data:`FRONTEND_PID_ENV` and :data:`FAILURE_RECORD_ENV` into ``environ`` (so
+    the engine and workers started afterwards inherit them) and registers the exit hook
+    that turns a recorded failure into exit status :data:`FAILURE_EXIT_STATUS`. Must run
+    before vLLM starts the engine (the AFD config hook does it).
+    """
+    global _is_frontend
+    with _frontend_lock:
+        if _is_frontend:
+            return
+        _is_frontend = True
+    record = Path(tempfile.gettempdir()) / f"afd-failure-{os.getpid()}"
+    record.unlink(missing_ok=True)
+    environ[FRONTEND_PID_ENV] = str(os.getpid())
+    environ[FAILURE_RECORD_ENV] = str(record)
+    atexit.register(_exit_with_recorded_failure, record)
+
+
+def record_failure(
+    role: str, exc: BaseException, environ: MutableMapping[str, str] = os.environ
+) -> None:
+    """Tell this process's frontend that ``role`` ended because of ``exc`` (best effort).
+
+    Does nothing outside an AFD server (no :data:`FAILURE_RECORD_ENV`). The first failure
+    recorded wins: a later one (a peer noticing this rank leave) does not replace it.
+    """
+    path = environ.get(FAILURE_RECORD_ENV)
+    if not path:
+        return
+    try:
+        with open(path, "x", encoding="utf-8") as record:
+            record.write(f"AFD {role}: {type(exc).__name__}: {exc}\n")
+    except FileExistsError:
+        pass
+    except OSError as error:
+        logger.warning("AFD: could not record the failure in %s (%s)", path, error)
+
+
+def recorded_failure(record: Path) -> str | None:
+    """The failure written into ``record`` by a descendant, or None."""
+    try:
+        return record.read_text(encoding="utf-8").strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def _exit_with_recorded_failure(record: Path) -> None:
+    failure = recorded_failure(record)
+    record.unlink(missing_ok=True)
+    if failure is None:
+        return
+    logger.error(
+        "AFD: this server ended because of a failure (%s); exit status %d",
+        failure,
+        FAILURE_EXIT_STATUS,
+    )
+    for handler in logging.getLogger("vllm").handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(FAILURE_EXIT_STATUS)
+
+
+def watch_frontend(environ: MutableMapping[str, str] = os.environ) -> bool:
+    """In a descendant of an AFD frontend, end this process when the frontend is gone.
+
+    Returns True when a watch runs (started now or earlier); False in the frontend
+    itself, outside an AFD server, or when the pid in the environment is not an ancestor
+    of this process (an environment inherited from elsewhere is ignored).
+    """
+    global _watching
+    frontend = _frontend_pid(environ)
+    if frontend is None or frontend == os.getpid() or not _is_ancestor(frontend):
+        return False
+    with _frontend_lock:
+        if _watching:
+            return True
+        _watching = True
+    thread = threading.Thread(
+        target=_wait_then_exit, args=(frontend,), name=WATCH_THREAD_NAME, daemon=True
+    )
+    thread.start()
+    return True
+
+
+def _frontend_pid(environ: MutableMapping[str, str]) -> int | None:
+    try:
+        return int(environ[FRONTEND_PID_ENV])
+    except (KeyError, ValueError):
+        return None
+
+
+def _is_ancestor(pid: int) -> bool:
+    """Whether ``pid`` is this process's parent, grandparent, ... (read from /proc)."""
+    current = os.getppid()
+    while current > 1:
+        if current == pid:
+            return True
+        try:
+            stat = Path(f"/proc/{current}/stat").read_text()
+        except OSError:
+            return False
+        # The command name (field 2) is in parentheses and may hold spaces.
+        current = int(stat.rsplit(")", 1)[1].split()[1])
+    return False
+
+
+def _wait_then_exit(frontend: int) -> None:
+    wait_for_exit(frontend)
+    from afd_core.worker_exit import exit_process
+
+    exit_process(f"the API server process of this AFD server (pid {frontend}) is gone")
+
+
+def wait_for_exit(pid: int) -> None:
+    """Block until ancestor process ``pid`` has ended (a pidfd, else a poll of the ancestry)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        # An ended ancestor leaves the ancestry (its children are re-parented).
+        while _is_ancestor(pid):
+            time.sleep(POLL_INTERVAL_S)
+        return
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        while not poller.poll(None):
+            pass
+    finally:
+        os.close(pidfd)
