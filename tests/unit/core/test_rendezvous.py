@@ -10,9 +10,16 @@ import pytest
 
 from afd_core.config import AFDConfig
 from afd_core.connector import WireSpec
-from afd_core.errors import AFDProtocolError
+from afd_core.errors import AFDConfigError, AFDProtocolError
 from afd_core.launch import free_ports
-from afd_core.rendezvous import PROTOCOL, Hello, compare_hello, is_self_connection
+from afd_core.rendezvous import (
+    PROTOCOL,
+    Hello,
+    compare_hello,
+    is_self_connection,
+    listen_on,
+    open_session,
+)
 
 WIRE = WireSpec(hidden_size=128, dtype="bfloat16", num_exchange_layers=4)
 
@@ -92,3 +99,49 @@ def test_a_probe_connected_to_itself_is_not_a_listener():
     listener = socket.create_server(("127.0.0.1", 0))
     with listener, socket.create_connection(listener.getsockname()) as client:
         assert not is_self_connection(client)
+
+
+def _accepts(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.settimeout(2.0)
+        try:
+            probe.connect((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def test_the_store_listens_on_the_configured_host_only():
+    pytest.importorskip("torch.distributed", reason="the store is torch's TCPStore")
+    (port,) = free_ports(1)
+    session = open_session("127.0.0.1", port, is_master=True, timeout_s=10)
+    try:
+        assert _accepts("127.0.0.1", port)
+        # Linux routes all of 127.0.0.0/8 to the loopback device: a listener bound to
+        # every interface (torch's own) would accept 127.0.0.2 and ::1 too.
+        assert not _accepts("127.0.0.2", port)
+        if socket.has_ipv6:
+            assert not _accepts("::1", port)
+        client = open_session("127.0.0.1", port, is_master=False, timeout_s=10)
+        assert client.session_id == session.session_id
+    finally:
+        del session
+
+
+def test_a_store_address_in_use_is_a_config_error_naming_it():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(AFDConfigError, match=rf"cannot listen on 127\.0\.0\.1:{port}"):
+            listen_on("127.0.0.1", port)
+    with pytest.raises(AFDConfigError, match="not an address of this machine"):
+        listen_on("192.0.2.1", port)  # TEST-NET-1: never an address of this host
+
+
+def test_a_rank_listens_on_its_own_address_towards_ffn_rank_0():
+    from afd_core.liveness import local_address_towards
+
+    assert local_address_towards("127.0.0.1") == "127.0.0.1"
+    assert local_address_towards("localhost") in {"127.0.0.1", "::1"}

@@ -5,8 +5,10 @@ then: gloo has been seen to miss a peer that closed as a send was posted (its wa
 at its own timeout), and NCCL reports nothing until its timeout. So every rank also keeps
 one plain TCP connection to each peer it exchanges with, independent of gloo and NCCL:
 
-* after the rendezvous each rank listens on an ephemeral port of ``config.host`` (that
-  interface only) and publishes the address in the session store; of each pair the
+* after the rendezvous each rank listens on an ephemeral port of its own address towards
+  ``config.host`` (:func:`local_address_towards`: loopback when ``host`` is, else the
+  address of the interface that routes to FFN rank 0; that address only) and publishes
+  it in the session store; of each pair the
   higher world rank connects, and opens with a greeting naming itself and the session;
 * a daemon thread sends a heartbeat byte every :data:`HEARTBEAT_S` and reads what comes
   back: end-of-file or a reset (the peer process ended: the kernel closes its sockets at
@@ -45,6 +47,23 @@ SILENCE_S = 5.0
 _HEARTBEAT = b"\x00"
 _GOODBYE = b"\x01"
 _GREETING = "afd-liveness {session} {rank}\n"
+
+
+def local_address_towards(host: str) -> str:
+    """This machine's address on the route to ``host`` (``host`` itself on FFN rank 0).
+
+    Asks the kernel's routing table (a UDP socket connected to ``host`` sends nothing).
+    A listener bound to it listens on that one address (loopback for a loopback
+    ``host``), not on every interface of the machine.
+    """
+    family = _family(host)
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, 9))  # the port does not matter: nothing is sent
+        return str(probe.getsockname()[0])
+
+
+def _family(address: str) -> socket.AddressFamily:
+    return socket.getaddrinfo(address, None, type=socket.SOCK_DGRAM)[0][0]
 
 
 @dataclass
@@ -95,12 +114,14 @@ class PeerWatch:
     ) -> PeerWatch:
         """Listen, publish, connect to every peer (bounded by ``timeout_s``), start watching.
 
-        Raises AFDPeerError when a peer's link cannot be made in time.
+        ``host`` is FFN rank 0's address (the AFD config's). Raises AFDPeerError when a
+        peer's link cannot be made in time.
         """
-        listener = socket.create_server((host, 0))
+        own = local_address_towards(host)
+        listener = socket.create_server((own, 0), family=_family(own))
         links: dict[int, socket.socket] = {}
         try:
-            address = f"{host}:{listener.getsockname()[1]}"
+            address = f"{own}:{listener.getsockname()[1]}"
             session.store.set(session.key("liveness", world_rank), address)
             deadline = time.monotonic() + timeout_s
             for peer in peers:

@@ -1,8 +1,9 @@
 """Store-based rendezvous of an AFD world, before any process group exists.
 
-FFN rank 0 hosts a ``torch.distributed.TCPStore`` at ``config.host:config.port`` and
-writes a random session id; every other rank connects as a client (retrying until
-``afd_process_group_timeout_s``, so the roles can start in either order) and reads it.
+FFN rank 0 hosts a ``torch.distributed.TCPStore`` at ``config.host:config.port`` (bound
+to that address only, see :func:`listen_on`) and writes a random session id; every other
+rank connects as a client (retrying until ``afd_process_group_timeout_s``, so the roles
+can start in either order) and reads it.
 All keys live under ``afd/<session>/`` so a new deployment never reads the records of an
 old one. Each rank then writes a *hello* record (protocol versions, the settings both
 roles must share, its role and rank, its connector's wire spec) and compares the records
@@ -21,7 +22,9 @@ when a store is opened.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import secrets
 import socket
 import time
@@ -175,12 +178,16 @@ def open_session(
     address = f"{host}:{port}"
     timeout = timedelta(seconds=timeout_s)
     if is_master:
+        listen_fd = listen_on(host, port)
         try:
-            store = dist.TCPStore(host, port, None, True, timeout, wait_for_workers=False)
+            store = dist.TCPStore(
+                host, port, None, True, timeout, wait_for_workers=False, master_listen_fd=listen_fd
+            )
         except RuntimeError as exc:
+            with contextlib.suppress(OSError):
+                os.close(listen_fd)
             raise AFDConfigError(
-                f"AFD rendezvous: FFN rank 0 cannot listen on {address} ({exc}); another "
-                "process uses this port: stop it or set a free port in the AFD config"
+                f"AFD rendezvous: FFN rank 0 cannot host the store on {address} ({exc})"
             ) from exc
         session = Session(store, secrets.token_hex(8), address, hosting=True)
         store.set("afd/session", session.session_id)
@@ -202,6 +209,38 @@ def open_session(
             f"AFD rendezvous: lost the store at {address} ({exc}); FFN rank 0 stopped — see its log"
         ) from exc
     return Session(store, session_id, address)
+
+
+def listen_on(host: str, port: int) -> int:
+    """A listening TCP socket bound to ``host:port`` only; its file descriptor.
+
+    torch's ``TCPStore`` binds its own listener to every interface (IPv4 and IPv6)
+    whatever host it is given; handed this descriptor (``master_listen_fd``, which it
+    then owns) it listens where the AFD config says. Raises AFDConfigError when the
+    address cannot be bound (port in use, host not an address of this machine).
+    """
+    try:
+        family, kind, proto, _, sockaddr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        listener = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise AFDConfigError(
+            f"AFD rendezvous: FFN rank 0 cannot resolve host {host!r} ({exc}); set the AFD "
+            "config's host to an address of this machine"
+        ) from exc
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(sockaddr)
+        listener.listen(socket.SOMAXCONN)
+    except OSError as exc:
+        listener.close()
+        raise AFDConfigError(
+            f"AFD rendezvous: FFN rank 0 cannot listen on {host}:{port} ({exc}); another "
+            "process uses this port (stop it or set a free port in the AFD config), or the "
+            "host is not an address of this machine"
+        ) from exc
+    return listener.detach()
 
 
 def _listening(host: str, port: int) -> bool:
