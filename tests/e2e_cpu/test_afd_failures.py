@@ -20,7 +20,7 @@ import pytest
 from afd_core.launch import DeploymentSpec, LocalDeployment, ServerSpec, VllmServer, free_ports
 from afd_core.worker_exit import EXIT_GRACE_S
 from afd_models.tiny.specs import PROMPTS
-from tests.e2e_cpu.harness import complete
+from tests.e2e_cpu.harness import MonolithicServers, complete
 
 pytest.importorskip("vllm")
 pytest.importorskip("openai")
@@ -105,7 +105,7 @@ def test_mismatched_attention_rank_counts_fail_both_roles_at_start(
         attention.stop()
 
 
-@pytest.mark.parametrize("stopped_role", ["ffn", "attention"])
+@pytest.mark.parametrize("stopped_role", ["ffn"])
 def test_stopping_one_role_ends_the_other_roles_waits_with_a_clear_error(
     stopped_role: str, tiny_models: Path, vllm_cache_root: Path, tmp_path: Path
 ) -> None:
@@ -202,6 +202,15 @@ def test_a_frozen_ffn_fails_the_streaming_request_in_flight_within_seconds(
     print(f"attention exited {took:.1f} s after start")
 
 
+def wait_tree_gone(server: VllmServer, since: float, bound_s: float) -> float:
+    """Seconds from ``since`` until no process of ``server`` is left; fails past the bound."""
+    while left := server.leftover_pids():
+        if time.monotonic() - since > bound_s:
+            pytest.fail(f"{server.spec.name}: {left} still run {bound_s:.0f} s after it ended")
+        time.sleep(0.2)
+    return time.monotonic() - since
+
+
 def post_json(url: str, body: dict[str, object]) -> tuple[int, str]:
     """``POST`` ``body`` as JSON; the HTTP status and the response text."""
     request = urllib.request.Request(
@@ -241,7 +250,7 @@ def test_a_completion_sent_to_the_ffn_server_is_refused_and_the_ffn_keeps_servin
         assert len(completion.token_ids) == 4
 
 
-@pytest.mark.parametrize("killed_role", ["attention", "ffn"])
+@pytest.mark.parametrize("killed_role", ["ffn"])
 def test_killing_an_api_server_ends_its_engine_and_workers_within_seconds(
     killed_role: str, tiny_models: Path, vllm_cache_root: Path, tmp_path: Path
 ) -> None:
@@ -260,12 +269,48 @@ def test_killing_an_api_server_ends_its_engine_and_workers_within_seconds(
         os.kill(killed.pid, signal.SIGKILL)
         killed_at = time.monotonic()
         bound = EXIT_GRACE_S + 5.0  # the watch sees the end at once; then vLLM's exit
-        while left := killed.leftover_pids():
-            if time.monotonic() - killed_at > bound:
-                pytest.fail(f"{killed.spec.name}: {left} still run {bound:.0f} s after kill -9")
-            time.sleep(0.2)
-        gone_after = time.monotonic() - killed_at
+        gone_after = wait_tree_gone(killed, killed_at, bound)
         wait_exit(survivor, EXIT_DEADLINE_S)
         log = survivor.log_path.read_text(errors="replace")
     print(f"{killed.spec.name}'s processes gone {gone_after:.1f} s after kill -9 of its API server")
     assert survivor.exit_status == 1, log[-3000:]
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_an_attention_server_can_be_replaced_against_a_running_ffn(
+    how: str,
+    tiny_models: Path,
+    monolithic_servers: MonolithicServers,
+    vllm_cache_root: Path,
+    tmp_path: Path,
+) -> None:
+    """The attention server stops (SIGTERM) or its API process is killed: the FFN server
+    keeps its model, stays healthy, and serves a new attention server of the same config
+    at a new rendezvous, whose tokens equal monolithic vLLM's."""
+    model = tiny_models / MODEL
+    reference = complete(monolithic_servers.get(model).url, PROMPTS, REPLACEMENT_TOKENS)
+    spec = DeploymentSpec(model=model, afd_process_group_timeout_s=PEER_TIMEOUT_S)
+    with LocalDeployment(spec, work_dir=tmp_path, cache_root=vllm_cache_root) as deployment:
+        (attention,) = deployment.attention_servers
+        (ffn,) = deployment.ffn_servers
+        assert complete(attention.url, PROMPTS[:1], 4)[0].token_ids
+        assert attention.pid is not None
+        stopped_at = time.monotonic()
+        os.kill(attention.pid, getattr(signal, how))
+        wait_tree_gone(attention, stopped_at, EXIT_GRACE_S + 5.0)
+        assert attention.exit_status is not None and attention.exit_status <= 0
+        time.sleep(2.0)  # the FFN rank has seen the attention rank go and reopened
+        assert ffn.running and ffn.is_healthy(), ffn.log_tail()
+        replacement = VllmServer(attention.spec, tmp_path / "replacement", vllm_cache_root)
+        with replacement:
+            replacement.wait_healthy(time.monotonic() + EXIT_DEADLINE_S)
+            afd = complete(replacement.url, PROMPTS, REPLACEMENT_TOKENS)
+            (stats,) = deployment.ffn_stats()
+        log = ffn.log_path.read_text(errors="replace")
+    assert [c.token_ids for c in afd] == [c.token_ids for c in reference]
+    assert stats["rendezvous"] == 2, stats
+    assert "waits up to" in log and "new attention ranks joined" in log
+
+
+#: Tokens per prompt compared between the replacement attention server and monolithic vLLM.
+REPLACEMENT_TOKENS = 8

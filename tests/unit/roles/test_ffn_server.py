@@ -17,18 +17,27 @@ TIMEOUT_S = 5.0
 class Harness:
     """An FFNServer over a RecordingConnector, with failures and contexts recorded."""
 
-    def __init__(self, model: FakeFFNModel | None = None, device: str | None = None) -> None:
+    def __init__(
+        self,
+        model: FakeFFNModel | None = None,
+        device: str | None = None,
+        replacements: list[RecordingConnector] | None = None,
+        idle_limit_s: float = 0.0,
+    ) -> None:
         self.connector = RecordingConnector(make_config("ffn"), 0)
         self.model = model or FakeFFNModel()
         self.failures: list[BaseException] = []
         self.failed = threading.Event()
         self.contexts = 0
+        self.replacements = list(replacements or [])
         self.server = FFNServer(
             self.connector,
             self.model,
             compute_context=self._context,
             on_failure=self._on_failure,
             device=device,
+            reconnect=lambda: self.replacements.pop(0),
+            idle_limit_s=idle_limit_s,
         )
 
     @contextmanager
@@ -101,6 +110,7 @@ def test_stats_count_steps_layer_batches_and_tokens():
         "graphs_captured": 0,
         "graph_replays": 0,
         "graph_steps_eager": 0,
+        "rendezvous": 1,
     }
 
 
@@ -182,3 +192,38 @@ def test_failure_reasons_name_the_kind_of_failure():
     assert "did not arrive, is gone" in describe_failure(AFDPeerError("x"))
     assert "did not expect" in describe_failure(AFDProtocolError("x"))
     assert describe_failure(ValueError("x")) == "ValueError while serving"
+
+
+def test_attention_ranks_that_leave_are_replaced_at_a_new_rendezvous():
+    replacement = RecordingConnector(make_config("ffn"), 0)
+    for item in (ffn_step(0, 2), None):
+        replacement.steps.put(item)
+    h = Harness(replacements=[replacement], idle_limit_s=60)
+    h.run_until_closed(ffn_step(0, 4), AFDPeerError("attention rank 0 left"))
+    assert h.server.error is None and h.failures == []
+    assert h.connector.is_closed and replacement.events[0] == ("initialize",)
+    assert h.server.stats.rendezvous == 2 and h.server.stats.steps == 2
+    assert [len(c.calls("ffn_recv")) for c in (h.connector, replacement)] == [3, 3]
+
+
+class Absent(RecordingConnector):
+    """A connector whose rendezvous finds no attention rank (its timeout passed)."""
+
+    def connect(self):
+        raise AFDPeerError("attention rank 0 did not arrive within 1 s")
+
+
+def test_the_idle_limit_ends_the_wait_for_new_attention_ranks_with_a_failure():
+    absent = [Absent(make_config("ffn"), 0) for _ in range(3)]
+    h = Harness(replacements=absent, idle_limit_s=1e-9)
+    h.run_until_closed(AFDPeerError("attention rank 0 left"))
+    assert isinstance(h.server.error, AFDPeerError)
+    assert "no attention rank came within ffn_idle_limit_s" in str(h.server.error)
+    assert len(h.replacements) == 2  # one attempt, then the limit had passed
+
+
+def test_without_an_idle_limit_attention_ranks_leaving_is_a_failure():
+    h = Harness(replacements=[RecordingConnector(make_config("ffn"), 0)], idle_limit_s=0)
+    left = AFDPeerError("attention rank 0 left")
+    h.run_until_closed(left)
+    assert h.server.error is left and len(h.replacements) == 1

@@ -45,6 +45,7 @@ KEYS: tuple[str, ...] = (
     "connector_extra_config",
     "role_rank",
     "ffn_cuda_graphs",
+    "ffn_idle_limit_s",
 )
 
 #: Alternative spellings (alias -> key); an alias and its key must not both be set.
@@ -68,6 +69,8 @@ class AFDConfig:
     ``role_rank`` overrides the rank derived from vLLM's data-parallel rank (for
     deployments whose attention ranks are separate servers). ``ffn_cuda_graphs`` bounds
     the CUDA graphs an FFN rank keeps, one per step shape (0: serve graph steps eagerly).
+    ``ffn_idle_limit_s`` bounds how long an FFN rank whose attention ranks all left waits
+    at a new rendezvous for their replacements (0: it ends instead).
     ``exchange`` is not a key: it is the connector's exchange pattern (its
     :class:`~afd_core.specs.ConnectorSpec`), which decides the topology and what each role
     builds (``"expert"``: routed experts split over the FFN ranks).
@@ -85,6 +88,7 @@ class AFDConfig:
     connector_extra_config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     role_rank: int | None = None
     ffn_cuda_graphs: int = 128
+    ffn_idle_limit_s: int = 600
     exchange: ExchangePattern = "block"
 
     @property
@@ -206,6 +210,13 @@ def parse_afd_config(
         0,
         "give the number of step shapes whose CUDA graph an FFN rank keeps (0: none)",
     )
+    ffn_idle_limit_s = to_int_at_least(
+        "ffn_idle_limit_s",
+        values.get("ffn_idle_limit_s", 600),
+        0,
+        "give the seconds an FFN rank waits for new attention ranks after all of its own "
+        "left (0: it ends)",
+    )
     extra = _parse_extra_config(values, spec)
     return AFDConfig(
         role=role,
@@ -220,6 +231,7 @@ def parse_afd_config(
         connector_extra_config=MappingProxyType(extra),
         role_rank=role_rank,
         ffn_cuda_graphs=ffn_cuda_graphs,
+        ffn_idle_limit_s=ffn_idle_limit_s,
         exchange=spec.exchange,
     )
 

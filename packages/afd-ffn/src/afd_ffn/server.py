@@ -22,12 +22,19 @@ vLLM's forward context is a module global, not a thread-local: setting it from t
 thread is safe because the FFN worker's main thread never runs a forward (it only answers
 vLLM's RPCs, and the FFN worker refuses ``execute_model``).
 
-Any error other than a requested stop ends the loop for good: it is logged with its
-reason, kept for ``check_health``, the connector is closed (so the peers see the FFN rank
-go instead of waiting for it) and ``on_failure`` runs; in a vLLM worker that ends the
-process (:func:`afd_core.worker_exit.exit_worker_process`), so vLLM shuts the FFN
-deployment down. The connector's peer watch reports a peer that is gone (or left) within
-seconds even while the loop idles; that ends the loop the same way.
+When the attention ranks leave or are lost (an ``AFDPeerError`` while serving: a goodbye,
+a closed or silent heartbeat link, a transfer whose peer is gone), the FFN rank keeps its
+model and waits at a new rendezvous (same config, a fresh connector from ``reconnect``)
+for their replacements, for up to ``ffn_idle_limit_s`` (checked between rendezvous
+attempts, each bounded by ``afd_process_group_timeout_s``). The connector's peer watch
+reports a peer that is gone (or left) within seconds even while the loop idles.
+
+Any other error, a first rendezvous that fails, or an idle limit that passes ends the
+loop for good: it is logged with its reason, kept for ``check_health``, the connector is
+closed (so the peers see the FFN rank go instead of waiting for it) and ``on_failure``
+runs; in a vLLM worker that ends the process
+(:func:`afd_core.worker_exit.exit_worker_process`), so vLLM shuts the FFN deployment
+down and its API server exits with status 1.
 
 Platform independent: vLLM and torch are imported only by :func:`vllm_compute_context`
 and :func:`open_ffn_server`.
@@ -38,6 +45,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
@@ -77,6 +85,9 @@ class FFNServer:
     connector put them) is where the model computes: received tensors are moved there.
     On a CUDA ``device`` graph steps are served by :class:`~afd_ffn.graphs.FFNStepGraphs`
     with at most ``max_cuda_graphs`` captured graphs; elsewhere a graph step is an error.
+    ``reconnect`` builds a fresh, uninitialised connector of the same config for a new
+    rendezvous after the attention ranks left; with None (or ``idle_limit_s`` 0) their
+    leaving is a failure.
     """
 
     def __init__(
@@ -88,6 +99,8 @@ class FFNServer:
         on_failure: Callable[[BaseException], None],
         device: Any | None = None,
         max_cuda_graphs: int = 0,
+        reconnect: Callable[[], Connector] | None = None,
+        idle_limit_s: float = 0.0,
     ) -> None:
         layers = tuple(model.afd_exchange_layers())
         if len(layers) != connector.wire.num_exchange_layers:
@@ -101,21 +114,29 @@ class FFNServer:
         self._compute_context = compute_context
         self._on_failure = on_failure
         self._device = device
+        self._max_cuda_graphs = max_cuda_graphs
+        self._reconnect = reconnect if idle_limit_s > 0 else None
+        self._idle_limit_s = idle_limit_s
         self._stopping = threading.Event()
         self._fail_lock = threading.Lock()
+        self._connector_lock = threading.Lock()
+        self._lost: AFDPeerError | None = None
         self._thread: threading.Thread | None = None
         self.stats = FFNStats()
         self.error: BaseException | None = None
-        self._graphs: FFNStepGraphs | None = None
-        if getattr(device, "type", None) == "cuda":
-            self._graphs = FFNStepGraphs(
-                connector,
-                model,
-                layers,
-                device=device,
-                max_graphs=max_cuda_graphs,
-                stats=self.stats,
-            )
+        self._graphs = self._graphs_for(connector)
+
+    def _graphs_for(self, connector: Connector) -> FFNStepGraphs | None:
+        if getattr(self._device, "type", None) != "cuda":
+            return None
+        return FFNStepGraphs(
+            connector,
+            self._model,
+            self._layers,
+            device=self._device,
+            max_graphs=self._max_cuda_graphs,
+            stats=self.stats,
+        )
 
     def endpoint_stats(self) -> dict[str, Any]:
         """The connector endpoint's counters ({} until the rendezvous is done)."""
@@ -138,7 +159,9 @@ class FFNServer:
     def stop(self, timeout_s: float) -> bool:
         """Close the connector (waking the thread) and join it; True if it ended in time."""
         self._stopping.set()
-        self._connector.close()
+        with self._connector_lock:
+            connector = self._connector
+        connector.close()
         if self._thread is None:
             return True
         self._thread.join(timeout_s)
@@ -192,23 +215,90 @@ class FFNServer:
         self._graphs.serve(step)
 
     def _run(self) -> None:
-        rank = self._connector.role_rank
-        self._connector.on_peer_lost = self._fail
         try:
+            self._connector.on_peer_lost = functools.partial(self._peer_lost, self._connector)
             self._connector.initialize()
-            logger.info(
-                "AFD FFN rank %d: serving %d exchange layers per step", rank, len(self._layers)
-            )
-            endpoint = self._connector.ffn
-            while (step := endpoint.next_step()) is not None:
-                self.serve_step(step)
+            self.stats.rendezvous += 1
+            while (lost := self._serve_until_ended()) is not None:
+                self._rendezvous_again(lost)
         except AFDShutdown:
             pass
         except Exception as exc:
             self._fail(exc)
             return
         if self.error is None:
-            logger.info("AFD FFN rank %d: stopped after %d steps", rank, self.stats.steps)
+            logger.info(
+                "AFD FFN rank %d: stopped after %d steps",
+                self._connector.role_rank,
+                self.stats.steps,
+            )
+
+    def _serve_until_ended(self) -> AFDPeerError | None:
+        """Serve the connector's steps until it ends; the AFDPeerError of attention ranks
+        that left or were lost, or None when it was closed (stop, end of the control plane).
+        """
+        connector = self._connector
+        logger.info(
+            "AFD FFN rank %d: serving %d exchange layers per step",
+            connector.role_rank,
+            len(self._layers),
+        )
+        try:
+            endpoint = connector.ffn
+            while (step := endpoint.next_step()) is not None:
+                self.serve_step(step)
+        except AFDShutdown:
+            pass
+        except AFDPeerError as exc:
+            return exc
+        return None if self._stopping.is_set() else self._lost
+
+    def _peer_lost(self, connector: Connector, exc: AFDPeerError) -> None:
+        """The peer watch of ``connector`` found a peer gone (its own thread)."""
+        if self._reconnect is None:
+            self._fail(exc)
+            return
+        self._lost = exc
+        connector.close()  # wakes the loop, which then opens a new rendezvous
+
+    def _rendezvous_again(self, lost: AFDPeerError) -> None:
+        """Replace the connector by one that completed a new rendezvous (bounded by the
+        idle limit); raise ``lost`` when there is no ``reconnect``."""
+        if self._reconnect is None:
+            raise lost
+        rank = self._connector.role_rank
+        self._connector.close()
+        logger.warning(
+            "AFD FFN rank %d: %s; this FFN rank keeps its model and waits up to %g s "
+            "(ffn_idle_limit_s) for attention ranks at a new rendezvous",
+            rank,
+            lost,
+            self._idle_limit_s,
+        )
+        deadline = time.monotonic() + self._idle_limit_s
+        while True:
+            connector = self._reconnect()
+            with self._connector_lock:
+                self._connector, self._lost = connector, None
+            if self._stopping.is_set():
+                connector.close()
+                raise AFDShutdown("AFD FFN: stopped while waiting for attention ranks")
+            connector.on_peer_lost = functools.partial(self._peer_lost, connector)
+            try:
+                connector.initialize()
+            except AFDPeerError as exc:  # nobody came within one rendezvous timeout
+                connector.close()
+                if time.monotonic() >= deadline:
+                    raise AFDPeerError(
+                        f"AFD FFN rank {rank}: no attention rank came within "
+                        f"ffn_idle_limit_s={self._idle_limit_s:g} s after the last ones left "
+                        f"({lost}); start the attention servers, or raise ffn_idle_limit_s"
+                    ) from exc
+                continue
+            self._graphs = self._graphs_for(connector)
+            self.stats.rendezvous += 1
+            logger.info("AFD FFN rank %d: new attention ranks joined", rank)
+            return
 
     def _fail(self, exc: BaseException) -> None:
         """End serving for good because of ``exc`` (once; from the loop or the peer watch):
@@ -285,6 +375,8 @@ def open_ffn_server(
         on_failure=functools.partial(exit_worker_process, "FFN"),
         device=device,
         max_cuda_graphs=config.ffn_cuda_graphs,
+        reconnect=functools.partial(build_connector, config, role_rank, wire),
+        idle_limit_s=config.ffn_idle_limit_s,
     )
     server.start()
     logger.info(

@@ -17,7 +17,9 @@ class FFNStats:
     and ``graph_steps_eager`` (graph steps served by replaying a captured graph, or
     eagerly because no graph of their shape is kept). ``rows``: rows computed over all
     eager layer exchanges (a token counts once per layer; with an expert-routed connector
-    only the tokens routed to this rank). Written only by the server thread; readers see
+    only the tokens routed to this rank). ``rendezvous``: rendezvous completed (1 after
+    start-up; one more for each new set of attention ranks served after the previous ones
+    all left). Written only by the server thread; readers see
     whole numbers (Python int updates are atomic), possibly one step behind.
     """
 
@@ -28,6 +30,7 @@ class FFNStats:
     graphs_captured: int = 0
     graph_replays: int = 0
     graph_steps_eager: int = 0
+    rendezvous: int = 0
 
     def as_dict(self) -> dict[str, int]:
         """The counters as a plain dict (what ``afd_stats`` returns over vLLM's RPC)."""
