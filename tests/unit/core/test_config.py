@@ -510,3 +510,13 @@ def test_a_block_connector_names_itself_when_it_has_too_many_ffn_ranks() -> None
         "FakeP2P pairs ranks in blocks",
         raw=BASE | {"num_ffn_ranks": 2},
     )
+
+
+def test_ffn_idle_limit_defaults_to_600_s_accepts_zero_and_rejects_negatives() -> None:
+    assert parse().ffn_idle_limit_s == 600
+    assert parse(ffn_idle_limit_s=0).ffn_idle_limit_s == 0
+    rejected(
+        "ffn_idle_limit_s (-5) must be >= 0", "waits for new attention ranks", ffn_idle_limit_s=-5
+    )
+    # Each FFN rank may choose its own: it is not part of what the roles compare.
+    assert "ffn_idle_limit_s" not in parse().shared_view()
