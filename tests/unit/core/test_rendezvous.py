@@ -15,9 +15,9 @@ from afd_core.launch import free_ports
 from afd_core.rendezvous import (
     PROTOCOL,
     Hello,
+    bind_listener,
     compare_hello,
     is_self_connection,
-    listen_on,
     open_session,
 )
 
@@ -135,9 +135,9 @@ def test_a_store_address_in_use_is_a_config_error_naming_it():
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(AFDConfigError, match=rf"cannot listen on 127\.0\.0\.1:{port}"):
-            listen_on("127.0.0.1", port)
+            bind_listener("127.0.0.1", port)
     with pytest.raises(AFDConfigError, match="not an address of this machine"):
-        listen_on("192.0.2.1", port)  # TEST-NET-1: never an address of this host
+        bind_listener("192.0.2.1", port)  # TEST-NET-1: never an address of this host
 
 
 def test_a_rank_listens_on_its_own_address_towards_ffn_rank_0():

@@ -1,9 +1,10 @@
 """Store-based rendezvous of an AFD world, before any process group exists.
 
 FFN rank 0 hosts a ``torch.distributed.TCPStore`` at ``config.host:config.port`` (bound
-to that address only, see :func:`listen_on`) and writes a random session id; every other
-rank connects as a client (retrying until ``afd_process_group_timeout_s``, so the roles
-can start in either order) and reads it.
+to that address only, see :func:`bind_listener`; behind a secret handshake when the
+deployment has a secret, see :mod:`afd_core.store_gate`) and writes a random session
+id; every other rank connects as a client (retrying until
+``afd_process_group_timeout_s``, so the roles can start in either order) and reads it.
 All keys live under ``afd/<session>/`` so a new deployment never reads the records of an
 old one. Each rank then writes a *hello* record (protocol versions, the settings both
 roles must share, its role and rank, its connector's wire spec) and compares the records
@@ -22,9 +23,7 @@ when a store is opened.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import secrets
 import socket
 import time
@@ -41,6 +40,7 @@ from afd_core.errors import (
     AFDShutdown,
 )
 from afd_core.metadata import ControlPayload, TransferHeader
+from afd_core.store_gate import SECRET_ENV, StoreGate, StoreTunnel, announces_gate
 from afd_core.topology import Role, Topology
 
 if TYPE_CHECKING:
@@ -142,6 +142,14 @@ class Session:
     address: str
     #: True on FFN rank 0, whose process serves the store (it goes when that rank closes).
     hosting: bool = False
+    #: The secret handshake in front of the store (FFN rank 0's gate, another rank's
+    #: tunnel), when the deployment has a secret.
+    gate: StoreGate | StoreTunnel | None = None
+
+    def close(self) -> None:
+        """Stop the gate or tunnel, if any (the store goes with the last reference)."""
+        if self.gate is not None:
+            self.gate.close()
 
     def key(self, *parts: object) -> str:
         """``afd/<session>/<parts joined by '/'>``."""
@@ -165,12 +173,15 @@ def open_session(
     is_master: bool,
     timeout_s: float,
     should_stop: Callable[[], bool] = lambda: False,
+    secret: bytes | None = None,
 ) -> Session:
     """Host (FFN rank 0) or join the rendezvous store and return its session.
 
     A client waits up to ``timeout_s`` for the master to listen and to publish the
     session id (AFDPeerError naming the address otherwise); ``should_stop`` is polled
-    and makes the wait raise AFDShutdown.
+    and makes the wait raise AFDShutdown. With a ``secret`` (the deployment's, see
+    :mod:`afd_core.store_gate`) the store is reached only through the secret handshake;
+    a client whose secret the gate refuses raises AFDPeerError saying so.
     """
     import torch.distributed as dist
 
@@ -178,46 +189,95 @@ def open_session(
     address = f"{host}:{port}"
     timeout = timedelta(seconds=timeout_s)
     if is_master:
-        listen_fd = listen_on(host, port)
-        try:
-            store = dist.TCPStore(
-                host, port, None, True, timeout, wait_for_workers=False, master_listen_fd=listen_fd
-            )
-        except RuntimeError as exc:
-            with contextlib.suppress(OSError):
-                os.close(listen_fd)
-            raise AFDConfigError(
-                f"AFD rendezvous: FFN rank 0 cannot host the store on {address} ({exc})"
-            ) from exc
-        session = Session(store, secrets.token_hex(8), address, hosting=True)
-        store.set("afd/session", session.session_id)
-        return session
+        return _host_session(host, port, timeout, secret)
     late = AFDPeerError(
         f"AFD rendezvous: FFN rank 0 (world rank 0) did not open the store at {address} "
         f"within {timeout_s:g} s; start the FFN role, or check host/port"
     )
     _wait_until(lambda: _listening(host, port), deadline, should_stop, late)
+    tunnel = _pass_gate(host, port, secret)
+    store_host, store_port = ("127.0.0.1", tunnel.port) if tunnel else (host, port)
     try:
         remaining = timedelta(seconds=max(deadline - time.monotonic(), 1.0))
-        store = dist.TCPStore(host, port, None, False, remaining, wait_for_workers=False)
+        store = dist.TCPStore(
+            store_host, store_port, None, False, remaining, wait_for_workers=False
+        )
         _wait_until(lambda: store.check(["afd/session"]), deadline, should_stop, late)
         session_id = store.get("afd/session").decode()
     except AFDError:
+        if tunnel is not None:
+            tunnel.close()
         raise
     except RuntimeError as exc:
+        if tunnel is not None:
+            tunnel.close()
+            if tunnel.refusal:
+                raise AFDPeerError(f"AFD rendezvous: {tunnel.refusal}") from exc
         raise AFDPeerError(
-            f"AFD rendezvous: lost the store at {address} ({exc}); FFN rank 0 stopped — see its log"
+            f"AFD rendezvous: lost the store at {address} ({exc}); FFN rank 0 stopped (see "
+            f"its log), or it requires a shared secret ({SECRET_ENV}) that this rank lacks"
         ) from exc
-    return Session(store, session_id, address)
+    return Session(store, session_id, address, gate=tunnel)
 
 
-def listen_on(host: str, port: int) -> int:
-    """A listening TCP socket bound to ``host:port`` only; its file descriptor.
+def _pass_gate(host: str, port: int, secret: bytes | None) -> StoreTunnel | None:
+    """The tunnel through FFN rank 0's gate (None without a secret), checked by one
+    handshake now; AFDPeerError when this rank's secret, or its lack of one, does not
+    match FFN rank 0's."""
+    if secret is None:
+        if announces_gate(host, port):
+            raise AFDPeerError(
+                f"AFD rendezvous: FFN rank 0's store at {host}:{port} requires the "
+                f"deployment's shared secret; set {SECRET_ENV} for this rank as for the others"
+            )
+        return None
+    tunnel = StoreTunnel(secret, (host, port))
+    refusal = tunnel.check()
+    if refusal is not None:
+        tunnel.close()
+        raise AFDPeerError(f"AFD rendezvous: {refusal}")
+    return tunnel
+
+
+def _host_session(host: str, port: int, timeout: timedelta, secret: bytes | None) -> Session:
+    """FFN rank 0: the store on ``host:port``, or, with a secret, on a loopback port
+    behind a :class:`~afd_core.store_gate.StoreGate` on ``host:port``."""
+    import torch.distributed as dist
+
+    address = f"{host}:{port}"
+    listener = bind_listener(host, port)
+    inner = bind_listener("127.0.0.1", 0) if secret else listener
+    store_host, store_port = inner.getsockname()[:2]
+    try:
+        store = dist.TCPStore(
+            store_host,
+            store_port,
+            None,
+            True,
+            timeout,
+            wait_for_workers=False,
+            master_listen_fd=inner.fileno(),
+        )
+    except RuntimeError as exc:
+        listener.close()
+        inner.close()
+        raise AFDConfigError(
+            f"AFD rendezvous: FFN rank 0 cannot host the store on {address} ({exc})"
+        ) from exc
+    inner.detach()  # the store owns the descriptor now
+    gate = StoreGate(listener, secret, (store_host, store_port)) if secret else None
+    session = Session(store, secrets.token_hex(8), address, hosting=True, gate=gate)
+    store.set("afd/session", session.session_id)
+    return session
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on ``host:port`` only (``port`` 0: any free port).
 
     torch's ``TCPStore`` binds its own listener to every interface (IPv4 and IPv6)
-    whatever host it is given; handed this descriptor (``master_listen_fd``, which it
-    then owns) it listens where the AFD config says. Raises AFDConfigError when the
-    address cannot be bound (port in use, host not an address of this machine).
+    whatever host it is given; handed this socket's descriptor (``master_listen_fd``)
+    it listens where the AFD config says. Raises AFDConfigError when the address cannot
+    be bound (port in use, host not an address of this machine).
     """
     try:
         family, kind, proto, _, sockaddr = socket.getaddrinfo(
@@ -240,7 +300,7 @@ def listen_on(host: str, port: int) -> int:
             "process uses this port (stop it or set a free port in the AFD config), or the "
             "host is not an address of this machine"
         ) from exc
-    return listener.detach()
+    return listener
 
 
 def _listening(host: str, port: int) -> bool:

@@ -31,6 +31,7 @@ from afd_core.errors import AFDPeerError, AFDShutdown
 from afd_core.failures import PeerFailures
 from afd_core.liveness import PeerWatch
 from afd_core.rendezvous import Hello, Session, exchange_hello, open_session
+from afd_core.store_gate import rendezvous_secret
 from afd_core.transport import Transport
 from afd_core.transport.gloo import TAG_DATA, GlooTransport
 
@@ -89,6 +90,8 @@ class World:
         """Close both transports and drop the rendezvous store (last step)."""
         self.data.close()
         self.control.close()
+        if self.session is not None:
+            self.session.close()
         self.session = None
 
 
@@ -107,16 +110,23 @@ def open_world(connector: Connector, data: DataTransportFactory) -> World:
     def should_stop() -> bool:
         return connector.is_closed
 
-    session = open_session(config.host, config.port, rank == 0, timeout_s, should_stop)
-    exchange_hello(
-        session, Hello.of(config, connector.role_rank, connector.wire), topology, timeout_s,
-        should_stop,
-    )  # fmt: skip
-    control = open_gloo(session, "control", rank, size, timeout_s)
+    session = open_session(
+        config.host, config.port, rank == 0, timeout_s, should_stop, rendezvous_secret()
+    )
+    try:
+        exchange_hello(
+            session, Hello.of(config, connector.role_rank, connector.wire), topology,
+            timeout_s, should_stop,
+        )  # fmt: skip
+        control = open_gloo(session, "control", rank, size, timeout_s)
+    except BaseException:
+        session.close()
+        raise
     try:
         transport = data(session, control, rank, size, timeout_s)
     except BaseException:
         control.close()
+        session.close()
         raise
     failures = PeerFailures(topology, timeout_s, connector.fuse)
     world = World(session, control, transport, failures, timeout_s)
