@@ -134,6 +134,21 @@ def test_the_afd_timeout_reaches_both_roles_only_when_set():
     assert timeouts(spec) == [20, 20]
 
 
+def test_every_server_of_a_deployment_gets_its_secret_which_no_repr_shows():
+    from afd_core.store_gate import SECRET_ENV
+
+    spec = DeploymentSpec(model=Path("/m"), num_attention_ranks=2, connector="FakeP2P")
+    servers = spec.server_specs(29700, attention_ports=[9000, 9001], ffn_ports=[9100])
+    secrets = {s.environment({}, Path("/t"), Path("/c"))[SECRET_ENV] for s in servers}
+    assert secrets == {spec.rendezvous_secret} and len(spec.rendezvous_secret) >= 32
+    assert DeploymentSpec(model=Path("/m")).rendezvous_secret != spec.rendezvous_secret
+    for text in (repr(spec), *map(repr, servers)):
+        assert spec.rendezvous_secret not in text
+    plain = DeploymentSpec(model=Path("/m"), connector="FakeP2P", rendezvous_secret="")
+    for server in plain.server_specs(29700, attention_ports=[9000], ffn_ports=[9100]):
+        assert SECRET_ENV not in server.environment({}, Path("/t"), Path("/c"))
+
+
 def test_invalid_deployment_is_rejected_before_any_server_exists():
     spec = DeploymentSpec(
         model=Path("/m"), num_attention_ranks=1, num_ffn_ranks=2, connector="FakeP2P"

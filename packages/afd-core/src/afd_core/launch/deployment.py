@@ -12,6 +12,7 @@ servers (:attr:`LocalDeployment.endpoints`); every server runs with
 from __future__ import annotations
 
 import random
+import secrets
 import socket
 import tempfile
 import time
@@ -24,6 +25,7 @@ from typing import Any
 
 from afd_core.config import parse_afd_config
 from afd_core.launch.server import DEFAULT_STOP_GRACE_S, ServerError, ServerSpec, VllmServer
+from afd_core.store_gate import SECRET_ENV
 from afd_core.topology import Role
 
 DEFAULT_CONNECTOR = "P2pGlooAFDConnector"
@@ -42,7 +44,10 @@ class DeploymentSpec:
     e.g. ``VLLM_USE_V2_MODEL_RUNNER``); ``role_env[role]`` goes on top of it for the
     servers of that role only (e.g. ``CUDA_VISIBLE_DEVICES`` to put each role on its own
     GPU). ``afd_process_group_timeout_s`` and ``connector_extra_config``: the AFD config
-    keys of those names (None / empty: their defaults).
+    keys of those names (None / empty: their defaults). ``rendezvous_secret`` goes into
+    every server's environment as ``AFD_RENDEZVOUS_SECRET`` (:mod:`afd_core.store_gate`):
+    by default a new random one per spec, so no process outside the deployment can use
+    its rendezvous store; ``""`` launches without one. It is left out of the repr.
     """
 
     model: Path
@@ -63,6 +68,7 @@ class DeploymentSpec:
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
     afd_process_group_timeout_s: int | None = None
     connector_extra_config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    rendezvous_secret: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
 
     def afd_settings(self, role: Role, role_rank: int, connector_port: int) -> dict[str, Any]:
         """The ``additional_config["afd"]`` of rank ``role_rank`` of ``role``."""
@@ -91,6 +97,7 @@ class DeploymentSpec:
         before anything starts.
         """
         ports = {"ffn": ffn_ports, "attention": attention_ports}
+        secret_env = {SECRET_ENV: self.rendezvous_secret} if self.rendezvous_secret else {}
         specs = []
         for role in ("ffn", "attention"):
             for rank in range(len(ports[role])):
@@ -107,7 +114,11 @@ class DeploymentSpec:
                         additional_config={"afd": settings},
                         dev_mode=True,
                         extra_args=self.extra_args,
-                        extra_env={**self.extra_env, **self.role_env.get(role, {})},
+                        extra_env={
+                            **secret_env,
+                            **self.extra_env,
+                            **self.role_env.get(role, {}),
+                        },
                     )
                 )
         return specs

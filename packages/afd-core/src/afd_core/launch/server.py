@@ -60,7 +60,8 @@ class ServerSpec:
     ``attention-1``, ``monolithic``...). ``additional_config`` becomes
     ``--additional-config`` (JSON) when given. ``dev_mode`` sets ``VLLM_SERVER_DEV_MODE=1``
     so that ``POST /collective_rpc`` is served. ``extra_args`` are appended to the vLLM
-    command line; ``extra_env`` overrides the environment last.
+    command line; ``extra_env`` overrides the environment last (left out of the repr: it
+    may carry the deployment's secret).
     """
 
     name: str
@@ -76,7 +77,7 @@ class ServerSpec:
     kv_cache_memory_bytes: int = DEFAULT_KV_CACHE_BYTES
     seed: int = 0
     extra_args: tuple[str, ...] = ()
-    extra_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    extra_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), repr=False)
 
     @property
     def model_name(self) -> str:
