@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 from afd_core.connector import Connector, ExpertRouting, WireSpec
 from afd_core.errors import AFDProtocolError
 from afd_core.metadata import AFDDPMetadata, AFDStepMetadata, ControlPayload
+from afd_core.profiling import ATTENTION_BEGIN, ATTENTION_SEND, ATTENTION_WAIT, afd_range
 
 #: Key of the step metadata in ``ForwardContext.additional_kwargs``.
 METADATA_KEY = "afd_metadata"
@@ -198,7 +199,8 @@ class StepDriver:
             is_graph_step=capturing or replay,
         )
         self._next_step_id += 1
-        self._connector.attention.begin_step(payload)
+        with afd_range(ATTENTION_BEGIN):
+            self._connector.attention.begin_step(payload)
         return metadata
 
     def exchange(
@@ -238,8 +240,10 @@ class StepDriver:
             )
         logits = router_logits if self._wire.logits_width_at(layer) else None
         endpoint = self._connector.attention
-        endpoint.send(layer, stage, hidden.contiguous(), router_logits=logits, routing=routing)
-        out = endpoint.recv(layer, stage)
+        with afd_range(ATTENTION_SEND, layer):
+            endpoint.send(layer, stage, hidden.contiguous(), router_logits=logits, routing=routing)
+        with afd_range(ATTENTION_WAIT, layer):
+            out = endpoint.recv(layer, stage)
         active.next_index += 1
         if active.next_index == len(self._layers):
             self._active = None

@@ -10,7 +10,10 @@ Mix :class:`AttentionWorkerMixin` in front of a vLLM worker class (``CPUWorker``
 * ``shutdown`` closes the session (waking any blocked exchange) before vLLM's own
   shutdown;
 * ``afd_stats`` (through ``collective_rpc``) reports the steps done and the connector
-  endpoint's counters (for example the rows an expert-routed rank sent per FFN rank).
+  endpoint's counters (for example the rows an expert-routed rank sent per FFN rank);
+* ``profile`` (vLLM's ``/start_profile`` and ``/stop_profile``) is vLLM's, with traces
+  named ``afd-attention<rank>...`` and the AFD ranges of :mod:`afd_core.profiling`
+  switched on while a profile runs.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 from afd_attention.session import AttentionSession
 from afd_core.errors import AFDError
+from afd_core.profiling import set_ranges_enabled, trace_prefix
 
 
 class AttentionWorkerMixin:
@@ -46,6 +50,17 @@ class AttentionWorkerMixin:
             "steps": session.driver.completed_steps,
             "endpoint": session.connector.attention.stats(),
         }
+
+    def profile(
+        self, is_start: bool = True, profile_prefix: str | None = None, **kwargs: Any
+    ) -> None:
+        """vLLM's ``profile``, naming the trace after this attention rank and switching
+        the AFD ranges on for the profile (off again when it stops)."""
+        session = self._afd_session
+        if is_start and session is not None:
+            profile_prefix = trace_prefix("attention", session.connector.role_rank, profile_prefix)
+        super().profile(is_start, profile_prefix, **kwargs)  # type: ignore[misc]
+        set_ranges_enabled(is_start)
 
     def shutdown(self) -> None:
         """Close the AFD connector (waking any blocked exchange), then shut down vLLM's."""

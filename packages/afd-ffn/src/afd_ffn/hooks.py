@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from afd_core.config import AFDConfig
+from afd_core.errors import AFDConfigError
 from afd_core.hookspecs import hookimpl
 from afd_core.roles import check_parallel_layout
 from afd_core.specs import WorkerSpec
@@ -31,6 +32,15 @@ def afd_workers() -> list[WorkerSpec]:
 
 @hookimpl
 def afd_validate(config: AFDConfig, vllm_config: Any) -> None:
-    """Reject parallel layouts the FFN workers cannot run (before any worker starts)."""
-    if config.role == "ffn":
-        check_parallel_layout(config, vllm_config.parallel_config)
+    """Reject parallel layouts and profilers the FFN workers cannot run (before any
+    worker starts)."""
+    if config.role != "ffn":
+        return
+    check_parallel_layout(config, vllm_config.parallel_config)
+    profiler = getattr(getattr(vllm_config, "profiler_config", None), "profiler", None)
+    if profiler not in (None, "torch"):
+        raise AFDConfigError(
+            f"AFD config: the FFN role profiles its server thread with torch's profiler "
+            f"only, but --profiler-config.profiler is {profiler!r}; use "
+            "--profiler-config.profiler=torch (with torch_profiler_dir) on the FFN server"
+        )

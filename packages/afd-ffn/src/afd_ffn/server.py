@@ -53,6 +53,14 @@ from typing import Any
 from afd_core.config import afd_config_from_vllm
 from afd_core.connector import Connector, ExpertRouting, FFNStep
 from afd_core.errors import AFDConfigError, AFDPeerError, AFDProtocolError, AFDShutdown
+from afd_core.profiling import (
+    FFN_COMPUTE,
+    FFN_RECV,
+    FFN_SEND,
+    FFN_STEP,
+    FFN_WAIT_STEP,
+    afd_range,
+)
 from afd_core.roles import build_connector, model_wire_spec, resolve_role_rank
 from afd_core.worker_exit import exit_worker_process
 from afd_ffn.graphs import FFNStepGraphs
@@ -87,7 +95,9 @@ class FFNServer:
     with at most ``max_cuda_graphs`` captured graphs; elsewhere a graph step is an error.
     ``reconnect`` builds a fresh, uninitialised connector of the same config for a new
     rendezvous after the attention ranks left; with None (or ``idle_limit_s`` 0) their
-    leaving is a failure.
+    leaving is a failure. ``on_step`` runs on the server thread after every step served
+    (the worker's profiler counts its iterations there). The loop is annotated with the
+    ranges of :mod:`afd_core.profiling` while a profile runs.
     """
 
     def __init__(
@@ -101,6 +111,7 @@ class FFNServer:
         max_cuda_graphs: int = 0,
         reconnect: Callable[[], Connector] | None = None,
         idle_limit_s: float = 0.0,
+        on_step: Callable[[], None] = lambda: None,
     ) -> None:
         layers = tuple(model.afd_exchange_layers())
         if len(layers) != connector.wire.num_exchange_layers:
@@ -115,6 +126,7 @@ class FFNServer:
         self._on_failure = on_failure
         self._device = device
         self._max_cuda_graphs = max_cuda_graphs
+        self._on_step = on_step
         self._reconnect = reconnect if idle_limit_s > 0 else None
         self._idle_limit_s = idle_limit_s
         self._stopping = threading.Event()
@@ -137,6 +149,11 @@ class FFNServer:
             max_graphs=self._max_cuda_graphs,
             stats=self.stats,
         )
+
+    @property
+    def role_rank(self) -> int:
+        """This FFN rank."""
+        return self._connector.role_rank
 
     def endpoint_stats(self) -> dict[str, Any]:
         """The connector endpoint's counters ({} until the rendezvous is done)."""
@@ -172,7 +189,7 @@ class FFNServer:
 
         A capture step (CUDA graphs) moves no data: it only captures, and counts as no step.
         """
-        with self._compute_context():
+        with self._compute_context(), afd_range(FFN_STEP):
             if step.is_graph_step:
                 self._serve_graph_step(step)
                 if step.is_graph_capturing:
@@ -188,22 +205,23 @@ class FFNServer:
 
     def _serve_layer(self, step: FFNStep, layer: int, stage: int) -> None:
         endpoint = self._connector.ffn
-        batch = endpoint.recv(step, layer, stage)
+        with afd_range(FFN_RECV, layer):
+            batch = endpoint.recv(step, layer, stage)
         hidden, logits, routing = batch.hidden, batch.router_logits, batch.routing
         device = self._device
         if device is not None:
             hidden = hidden.to(device)
             logits = None if logits is None else logits.to(device)
-        if routing is None:
-            output = self._model.afd_compute_ffn(layer, hidden, logits)
-        else:
-            if device is not None:
-                routing = ExpertRouting(
-                    routing.topk_ids.to(device), routing.topk_weights.to(device)
-                )
-            output = self._model.afd_compute_experts(layer, hidden, routing)
+        if routing is not None and device is not None:
+            routing = ExpertRouting(routing.topk_ids.to(device), routing.topk_weights.to(device))
+        with afd_range(FFN_COMPUTE, layer):
+            if routing is None:
+                output = self._model.afd_compute_ffn(layer, hidden, logits)
+            else:
+                output = self._model.afd_compute_experts(layer, hidden, routing)
         self.stats.rows += hidden.shape[0]
-        endpoint.send(batch, output)
+        with afd_range(FFN_SEND, layer):
+            endpoint.send(batch, output)
 
     def _serve_graph_step(self, step: FFNStep) -> None:
         if self._graphs is None:
@@ -245,8 +263,13 @@ class FFNServer:
         )
         try:
             endpoint = connector.ffn
-            while (step := endpoint.next_step()) is not None:
+            while True:
+                with afd_range(FFN_WAIT_STEP):
+                    step = endpoint.next_step()
+                if step is None:
+                    break
                 self.serve_step(step)
+                self._on_step()
         except AFDShutdown:
             pass
         except AFDPeerError as exc:
@@ -349,13 +372,18 @@ def vllm_compute_context(
 
 
 def open_ffn_server(
-    vllm_config: Any, model: Any, tp_rank: int, device: Any | None = None
+    vllm_config: Any,
+    model: Any,
+    tp_rank: int,
+    device: Any | None = None,
+    on_step: Callable[[], None] = lambda: None,
 ) -> FFNServer:
     """Build the FFN server of this vLLM worker and start it.
 
     Resolves the AFD config, the FFN rank and the model's wire spec, builds the connector
     (the server thread does the rendezvous) and starts the thread. ``device`` is the
-    worker's ``torch.device`` (where the model computes; see :class:`FFNServer`). Raises
+    worker's ``torch.device`` (where the model computes; see :class:`FFNServer`);
+    ``on_step`` runs after every step served. Raises
     AFDConfigError for a missing config, an unsupported layout or a model that is not an
     AFD wrapper.
     """
@@ -377,6 +405,7 @@ def open_ffn_server(
         max_cuda_graphs=config.ffn_cuda_graphs,
         reconnect=functools.partial(build_connector, config, role_rank, wire),
         idle_limit_s=config.ffn_idle_limit_s,
+        on_step=on_step,
     )
     server.start()
     logger.info(

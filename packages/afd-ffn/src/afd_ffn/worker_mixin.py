@@ -12,7 +12,10 @@ Mix :class:`FFNWorkerMixin` in front of a vLLM worker class (``CPUWorker``,
 * ``execute_model``, ``sample_tokens`` and ``execute_dummy_batch`` refuse: requests
   belong to the attention role's server;
 * ``afd_stats`` (through ``collective_rpc``) reports the server's counters and
-  ``check_health`` re-raises its failure.
+  ``check_health`` re-raises its failure;
+* ``profile`` (vLLM's ``/start_profile`` and ``/stop_profile``) profiles the server
+  thread with :class:`~afd_ffn.profiler.FFNTorchProfiler` (iterations are FFN steps),
+  traces named ``afd-ffn<rank>...``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.worker.worker_base import CompilationTimes
 
 from afd_core.errors import AFDError
+from afd_core.profiling import trace_prefix
+from afd_ffn.profiler import FFNTorchProfiler
 from afd_ffn.server import FFNServer, open_ffn_server
 
 # A child of vLLM's logger, so vLLM's logging config (handler, level, format) applies.
@@ -56,6 +61,7 @@ class FFNWorkerMixin:
                 self.model_runner.get_model(),  # type: ignore[attr-defined]
                 get_tensor_model_parallel_rank(),
                 device=self.device,  # type: ignore[attr-defined]
+                on_step=self._profiler_step,
             )
         return CompilationTimes(language_model=0.0, encoder=0.0)
 
@@ -70,6 +76,30 @@ class FFNWorkerMixin:
     def execute_dummy_batch(self) -> NoReturn:
         """Refuse: the FFN role serves no requests."""
         _refuse_requests()
+
+    def profile(
+        self, is_start: bool = True, profile_prefix: str | None = None, **kwargs: Any
+    ) -> None:
+        """vLLM's ``profile``, over the FFN server thread (see :mod:`afd_ffn.profiler`).
+
+        Only vLLM's ``torch`` profiler is supported on this role (checked at start-up).
+        """
+        config = self.profiler_config  # type: ignore[attr-defined]
+        server = self._afd_server
+        if is_start and server is not None:
+            if self.profiler is None and config is not None and config.profiler == "torch":  # type: ignore[has-type]
+                self.profiler = FFNTorchProfiler(
+                    config,
+                    worker_name=trace_prefix("ffn", server.role_rank),
+                    cuda=self.device.type == "cuda",  # type: ignore[attr-defined]
+                )
+            profile_prefix = trace_prefix("ffn", server.role_rank, profile_prefix)
+        super().profile(is_start, profile_prefix, **kwargs)  # type: ignore[misc]
+
+    def _profiler_step(self) -> None:
+        profiler = self.profiler  # type: ignore[has-type]
+        if profiler is not None:
+            profiler.step()
 
     def check_health(self) -> None:
         """Raise the FFN server's failure, if it failed."""

@@ -1,0 +1,93 @@
+"""The FFN role's torch profiler: vLLM's profiling settings, over the FFN server thread.
+
+An FFN rank has no scheduler steps: its work runs on the ``afd-ffn-server`` thread,
+driven by the attention ranks. vLLM's own worker profiler records the thread that starts
+it (the worker's RPC thread), which never computes here. :class:`FFNTorchProfiler` is a
+vLLM ``WorkerProfiler`` (so ``--profiler-config``, ``/start_profile`` and
+``/stop_profile``, ``delay_iterations`` and ``max_iterations`` mean what they mean in
+vLLM) whose torch profiler records every thread of the process
+(``profile_all_threads``); its iterations are FFN steps, counted by the server thread
+(:meth:`step` after each step served).
+
+Settings read from vLLM's ``ProfilerConfig``: ``torch_profiler_dir``,
+``torch_profiler_use_gzip``, ``torch_profiler_record_shapes``,
+``torch_profiler_with_memory``, ``torch_profiler_with_stack``,
+``torch_profiler_with_flops``, ``wait_iterations``/``warmup_iterations``/
+``active_iterations`` (a schedule in FFN steps), ``delay_iterations`` and
+``max_iterations``. The trace is written when the profile stops (``/stop_profile``, the
+iteration limit, or the worker's shutdown), named ``afd-ffn<rank>_<vLLM's rank suffix>``
+plus the prefix given to ``/start_profile``.
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.config import ProfilerConfig
+from vllm.profiler.wrapper import WorkerProfiler
+
+from afd_core.profiling import set_ranges_enabled
+
+
+class FFNTorchProfiler(WorkerProfiler):
+    """A torch profiler of every thread of the FFN worker, stepped per FFN step."""
+
+    def __init__(self, profiler_config: ProfilerConfig, worker_name: str, cuda: bool) -> None:
+        """``cuda``: record CUDA activity too (unless ``torch_profiler_activities`` says
+        otherwise)."""
+        super().__init__(profiler_config)
+        self._config = profiler_config
+        self._worker_name = worker_name
+        configured = profiler_config.torch_profiler_activities
+        names = tuple(configured) if configured else ("CPU", "CUDA") if cuda else ("CPU",)
+        self._activities = [getattr(torch.profiler.ProfilerActivity, name) for name in names]
+        self._uses_schedule = (
+            profiler_config.wait_iterations > 0 or profiler_config.warmup_iterations > 0
+        )
+        self.profiler: torch.profiler.profile | None = None
+
+    @property
+    def worker_name(self) -> str:
+        """The name the next trace is written under."""
+        return self._worker_name
+
+    def set_output_name(self, worker_name: str) -> None:
+        """Name the next trace (ignored while a profile runs)."""
+        if not self.is_running:
+            self._worker_name = worker_name
+
+    def _start(self) -> None:
+        config = self._config
+        schedule = None
+        if self._uses_schedule:
+            schedule = torch.profiler.schedule(
+                wait=config.wait_iterations,
+                warmup=config.warmup_iterations,
+                active=config.active_iterations,
+                repeat=1,
+            )
+        self.profiler = torch.profiler.profile(
+            activities=self._activities,
+            schedule=schedule,
+            record_shapes=config.torch_profiler_record_shapes,
+            profile_memory=config.torch_profiler_with_memory,
+            with_stack=config.torch_profiler_with_stack,
+            with_flops=config.torch_profiler_with_flops,
+            on_trace_ready=torch.profiler.tensorboard_trace_handler(
+                config.torch_profiler_dir,
+                worker_name=self._worker_name,
+                use_gzip=config.torch_profiler_use_gzip,
+            ),
+            experimental_config=torch.profiler._ExperimentalConfig(profile_all_threads=True),
+        )
+        set_ranges_enabled(True)
+        self.profiler.start()
+
+    def _stop(self) -> None:
+        set_ranges_enabled(False)
+        if self.profiler is not None:
+            self.profiler.stop()  # writes the trace (on_trace_ready)
+
+    def _profiler_step(self) -> bool:
+        if self._uses_schedule and self.profiler is not None:
+            self.profiler.step()
+        return True

@@ -1,0 +1,84 @@
+"""The per-role profiler on real servers: one trace per role and rank, with the AFD ranges.
+
+A 1A1F deployment whose servers both run vLLM's ``--profiler-config`` (torch profiler);
+``afd profile`` frames one wall-clock window over both while requests decode; the
+deployment then shuts down cleanly and each role's trace must be complete (readable
+JSON) and hold that role's AFD exchange ranges.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from afd_core.cli import main as afd_main
+from afd_core.launch import DeploymentSpec, LocalDeployment
+from afd_core.profiling import (
+    ATTENTION_BEGIN,
+    ATTENTION_SEND,
+    ATTENTION_WAIT,
+    FFN_COMPUTE,
+    FFN_RECV,
+    FFN_SEND,
+    FFN_STEP,
+)
+from afd_models.tiny.specs import PROMPTS
+from tests.e2e_cpu.harness import complete
+
+pytest.importorskip("vllm")
+pytest.importorskip("openai")
+
+pytestmark = pytest.mark.slow
+
+MODEL = "tiny-qwen3-moe"
+WINDOW_S = 4.0
+
+
+def trace_events(path: Path) -> list[dict[str, Any]]:
+    """The events of one torch profiler trace (``.json`` or ``.json.gz``)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return list(json.load(f)["traceEvents"])
+
+
+def range_names(events: list[dict[str, Any]]) -> set[str]:
+    """Names of the AFD ranges in ``events``, without their ``.L<layer>`` suffix."""
+    names = {str(e.get("name", "")) for e in events}
+    return {name.rsplit(".L", 1)[0] for name in names if name.startswith("afd.")}
+
+
+def test_a_profiled_1a1f_window_writes_one_trace_per_role_with_the_afd_ranges(
+    tiny_models: Path, vllm_cache_root: Path, tmp_path: Path
+) -> None:
+    traces = tmp_path / "traces"
+    profiler = {"profiler": "torch", "torch_profiler_dir": str(traces)}
+    spec = DeploymentSpec(
+        model=tiny_models / MODEL, extra_args=("--profiler-config", json.dumps(profiler))
+    )
+    with LocalDeployment(spec, work_dir=tmp_path, cache_root=vllm_cache_root) as deployment:
+        urls = [server.url for server in deployment.servers]
+        status: list[int] = []
+        window = threading.Thread(
+            target=lambda: status.append(afd_main(["profile", *urls, "--seconds", str(WINDOW_S)]))
+        )
+        window.start()
+        while window.is_alive():  # decode steps inside the window
+            complete(deployment.endpoint, PROMPTS, 8)
+        window.join()
+        assert status == [0]
+    files = sorted(p.name for p in traces.iterdir())
+    attention = [p for p in traces.iterdir() if p.name.startswith("afd-attention0")]
+    ffn = [p for p in traces.iterdir() if p.name.startswith("afd-ffn0")]
+    assert len(attention) == 1 and len(ffn) == 1, files
+    assert all(".pt.trace.json" in p.name for p in attention + ffn), files
+    attention_ranges = range_names(trace_events(attention[0]))
+    ffn_ranges = range_names(trace_events(ffn[0]))
+    print(f"attention ranges {sorted(attention_ranges)}; FFN ranges {sorted(ffn_ranges)}")
+    assert {ATTENTION_BEGIN, ATTENTION_SEND, ATTENTION_WAIT} <= attention_ranges
+    assert {FFN_STEP, FFN_RECV, FFN_COMPUTE, FFN_SEND} <= ffn_ranges
+    assert not attention_ranges & {FFN_STEP, FFN_COMPUTE}, "an FFN range in the attention trace"
