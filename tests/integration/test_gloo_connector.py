@@ -20,6 +20,7 @@ import torch
 from afd_core.config import AFDConfig
 from afd_core.connector import Connector, ConnectorParts, WireSpec
 from afd_core.connectors.gloo import P2pGlooAFDConnector
+from afd_core.liveness import SILENCE_S
 from afd_core.metadata import AFDDPMetadata, ControlPayload
 from afd_core.p2p import open_p2p
 from afd_core.world import gloo_data_transport
@@ -601,6 +602,53 @@ def test_an_idle_attention_rank_learns_within_seconds_that_its_ffn_rank_is_gone(
     assert what in message
     assert took < bound_s, took
     print(f"RESULT idle attention rank, FFN {stop}: lost after {took:.3f} s")
+
+
+def ffn_busy_then_frozen(port: int, ffn_pid: Any, frozen: Any) -> None:
+    """Serve one layer, announce a busy spell, and stay in it while the other rank
+    freezes this process (as a profiler holding the GIL would starve its heartbeats)."""
+    from afd_core import liveness
+
+    ffn_pid.value = os.getpid()
+    conn = connect("ffn", 0, port, 1, 1)
+    step = conn.ffn.next_step()
+    batch = conn.ffn.recv(step, 0, 0)
+    conn.ffn.send(batch, batch.hidden)
+    with liveness.busy():
+        frozen.set()
+        time.sleep(15)  # SIGSTOP, then SIGCONT, arrive here
+    time.sleep(60)
+
+
+def attention_tolerating_a_busy_ffn(port: int, ffn_pid: Any, frozen: Any) -> tuple[bool, float]:
+    """Freeze the busy FFN process for longer than the silence bound, then thaw it."""
+    conn = connect("attention", 0, port, 1, 1)
+    lost: list[float] = []
+    conn.on_peer_lost = lambda error: lost.append(time.monotonic())
+    try:
+        conn.attention.begin_step(payload(0, 0, (2,)))
+        conn.attention.send(0, 0, torch.ones(2, WIRE.hidden_size))
+        conn.attention.recv(0, 0)
+        assert frozen.wait(20)
+        time.sleep(0.5)  # the busy announcement is read
+        os.kill(ffn_pid.value, signal.SIGSTOP)
+        time.sleep(SILENCE_S + 3.0)
+        survived_freeze = not lost
+        os.kill(ffn_pid.value, signal.SIGCONT)
+        time.sleep(1.0)
+        return survived_freeze and not lost, SILENCE_S + 3.0
+    finally:
+        os.kill(ffn_pid.value, signal.SIGKILL)
+        conn.close()
+
+
+def test_a_peer_in_an_announced_busy_spell_is_not_lost_for_its_silence(ranks, port):
+    ffn_pid, frozen = ranks.context.Value("i", 0), ranks.context.Event()
+    ranks.start("ffn", ffn_busy_then_frozen, port, ffn_pid, frozen)
+    ranks.start("attn", attention_tolerating_a_busy_ffn, port, ffn_pid, frozen)
+    out = ranks.join(60)
+    survived, silent_s = out["attn"].value
+    assert survived, f"the busy FFN rank was declared lost during {silent_s:g} s of silence"
 
 
 # Start-up refusals ---------------------------------------------------------------------

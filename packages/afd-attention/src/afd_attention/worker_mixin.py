@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from afd_attention.session import AttentionSession
+from afd_core import liveness
 from afd_core.errors import AFDError
 from afd_core.profiling import set_ranges_enabled, trace_prefix
 
@@ -59,8 +60,14 @@ class AttentionWorkerMixin:
         session = self._afd_session
         if is_start and session is not None:
             profile_prefix = trace_prefix("attention", session.connector.role_rank, profile_prefix)
-        super().profile(is_start, profile_prefix, **kwargs)  # type: ignore[misc]
-        set_ranges_enabled(is_start)
+        if is_start:
+            super().profile(is_start, profile_prefix, **kwargs)  # type: ignore[misc]
+            set_ranges_enabled(True)
+            return
+        set_ranges_enabled(False)
+        # Writing the trace holds the GIL for seconds: no heartbeat could go out.
+        with liveness.busy():
+            super().profile(is_start, profile_prefix, **kwargs)  # type: ignore[misc]
 
     def shutdown(self) -> None:
         """Close the AFD connector (waking any blocked exchange), then shut down vLLM's."""

@@ -24,7 +24,9 @@ one plain TCP connection to each peer it exchanges with, independent of gloo and
 
 Bound: a peer that exits or is killed is seen within milliseconds (the socket closes);
 a silent one within :data:`SILENCE_S` (5 s). Closing the watch sends the goodbye, so the
-peers learn that this rank left rather than crashed.
+peers learn that this rank left rather than crashed. A rank about to hold the GIL for
+seconds (a profiler writing its trace) announces a busy spell (:func:`busy`); its peers
+then tolerate its silence up to the AFD timeout, until its next heartbeat.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from afd_core.errors import AFDPeerError
@@ -46,6 +49,8 @@ HEARTBEAT_S = 0.5
 SILENCE_S = 5.0
 _HEARTBEAT = b"\x00"
 _GOODBYE = b"\x01"
+_BUSY = b"\x02"
+_open_watches: weakref.WeakSet[PeerWatch] = weakref.WeakSet()
 _GREETING = "afd-liveness {session} {rank}\n"
 
 
@@ -71,6 +76,30 @@ class _Link:
     peer: int
     sock: socket.socket
     last_heard: float
+    #: Seconds of silence tolerated from the peer: SILENCE_S, or the busy allowance
+    #: after it announced a busy spell (until its next heartbeat).
+    allowed_silence: float = SILENCE_S
+
+
+@contextlib.contextmanager
+def busy() -> Iterator[None]:
+    """Announce a busy spell of this process to the peers of every open watch in it.
+
+    For work that holds the GIL for seconds, so that no heartbeat can be sent or read
+    (a torch profiler writing its trace): the peers then tolerate silence from this rank
+    up to their AFD timeout (``afd_process_group_timeout_s``) instead of
+    :data:`SILENCE_S` until the spell ends (its heartbeats say "busy" meanwhile); this
+    rank does not count its peers' silence meanwhile either. A peer whose process ends is still seen at once (its
+    connection closes).
+    """
+    watches = list(_open_watches)
+    for watch in watches:
+        watch.begin_busy()
+    try:
+        yield
+    finally:
+        for watch in watches:
+            watch.end_busy()
 
 
 class PeerWatch:
@@ -88,9 +117,12 @@ class PeerWatch:
         on_lost: Callable[[AFDPeerError], None],
         on_departed: Callable[[int, AFDPeerError], None],
         name: str,
+        busy_allowance_s: float = SILENCE_S,
     ) -> None:
         now = time.monotonic()
         self._links = [_Link(peer, sock, now) for peer, sock in links.items()]
+        self._busy_allowance_s = busy_allowance_s
+        self._busy = False
         self._describe = describe
         self._on_lost = on_lost
         self._on_departed = on_departed
@@ -99,6 +131,7 @@ class PeerWatch:
         self._lost = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        _open_watches.add(self)
 
     @classmethod
     def open(
@@ -136,10 +169,36 @@ class PeerWatch:
             raise
         finally:
             listener.close()
-        return cls(links, describe, on_lost, on_departed, f"afd-peer-watch-w{world_rank}")
+        return cls(
+            links,
+            describe,
+            on_lost,
+            on_departed,
+            f"afd-peer-watch-w{world_rank}",
+            busy_allowance_s=max(timeout_s, SILENCE_S),
+        )
+
+    def begin_busy(self) -> None:
+        """Tell every peer this rank starts a busy spell (see :func:`busy`)."""
+        with self._links_lock:
+            self._busy = True
+            for link in self._links:
+                with contextlib.suppress(OSError):
+                    link.sock.sendall(_BUSY)
+
+    def end_busy(self) -> None:
+        """The busy spell is over: count the peers' silence from now on again."""
+        with self._links_lock:
+            self._busy = False
+            now = time.monotonic()
+            for link in self._links:
+                link.last_heard = max(link.last_heard, now)
+                with contextlib.suppress(OSError):
+                    link.sock.sendall(_HEARTBEAT)
 
     def close(self) -> None:
         """Say goodbye to every peer and end the thread (idempotent)."""
+        _open_watches.discard(self)
         if self._stop.is_set():
             return
         with self._links_lock:
@@ -159,9 +218,10 @@ class PeerWatch:
         while self._links and not self._stop.is_set() and not self._lost:
             now = time.monotonic()
             if now >= next_beat:
+                beat = _BUSY if self._busy else _HEARTBEAT  # a busy spell lasts until it ends
                 for link in self._links:
                     try:
-                        link.sock.sendall(_HEARTBEAT)
+                        link.sock.sendall(beat)
                     except OSError as exc:
                         self._lose(link.peer, f"its liveness connection failed ({exc})")
                         return
@@ -174,9 +234,11 @@ class PeerWatch:
             for link in list(self._links):
                 if link.sock in readable and not self._read(link):
                     return
-                if link in self._links and time.monotonic() - link.last_heard > SILENCE_S:
+                silent_s = time.monotonic() - link.last_heard
+                if link in self._links and not self._busy and silent_s > link.allowed_silence:
                     self._lose(
-                        link.peer, f"sent no heartbeat for {SILENCE_S:g} s (host unreachable?)"
+                        link.peer,
+                        f"sent no heartbeat for {link.allowed_silence:g} s (host unreachable?)",
                     )
                     return
 
@@ -198,6 +260,11 @@ class PeerWatch:
             self._lose(link.peer, "its process ended (its liveness connection closed)")
             return False
         link.last_heard = time.monotonic()
+        # The last signal wins: a busy spell lasts until the next heartbeat.
+        if data.rfind(_BUSY) > data.rfind(_HEARTBEAT):
+            link.allowed_silence = self._busy_allowance_s
+        else:
+            link.allowed_silence = SILENCE_S
         return True
 
     def _depart(self, link: _Link) -> None:

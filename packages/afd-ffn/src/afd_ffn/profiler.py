@@ -25,6 +25,7 @@ import torch
 from vllm.config import ProfilerConfig
 from vllm.profiler.wrapper import WorkerProfiler
 
+from afd_core import liveness
 from afd_core.profiling import set_ranges_enabled
 
 
@@ -85,7 +86,9 @@ class FFNTorchProfiler(WorkerProfiler):
     def _stop(self) -> None:
         set_ranges_enabled(False)
         if self.profiler is not None:
-            self.profiler.stop()  # writes the trace (on_trace_ready)
+            # Writing the trace holds the GIL for seconds: no heartbeat could go out.
+            with liveness.busy():
+                self.profiler.stop()  # writes the trace (on_trace_ready)
 
     def _profiler_step(self) -> bool:
         if self._uses_schedule and self.profiler is not None:
