@@ -361,8 +361,11 @@ SIGNAL_BOUND_S = 15.0
 def test_a_server_waiting_at_the_rendezvous_ends_on_a_signal(
     role: str, how: str, tiny_models: Path, vllm_cache_root: Path, tmp_path: Path
 ) -> None:
-    """Only one role started: it waits for its peers; SIGTERM or SIGINT of its API process
-    ends its whole tree within :data:`SIGNAL_BOUND_S`."""
+    """Only one role started, so it waits for its peers: the FFN server (healthy while it
+    waits) gets SIGTERM on its API process, as a supervisor sends it; the attention
+    server (its rendezvous runs inside vLLM's engine start-up) gets SIGINT on its process
+    group, as Ctrl-C in a terminal sends it. Either ends its whole tree within
+    :data:`SIGNAL_BOUND_S`."""
     port, connector_port = free_ports(2)
     server = afd_server(role, tiny_models / MODEL, tmp_path, vllm_cache_root, port, connector_port)
     with server:
@@ -372,8 +375,13 @@ def test_a_server_waiting_at_the_rendezvous_ends_on_a_signal(
             server.check_alive()
             time.sleep(0.5)
         assert server.pid is not None
-        signalled_at = time.monotonic()
-        os.kill(server.pid, getattr(signal, how))
+        if role == "ffn":
+            server.wait_healthy(deadline)
+            signalled_at = time.monotonic()
+            os.kill(server.pid, getattr(signal, how))
+        else:
+            signalled_at = time.monotonic()
+            os.killpg(server.pid, getattr(signal, how))
         took = wait_tree_gone(server, signalled_at, SIGNAL_BOUND_S)
     print(f"{role} tree gone {took:.1f} s after {how} at the rendezvous")
 

@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 
 from afd_core.frontend import (
+    ENGINE_GONE_GRACE_S,
     FAILURE_EXIT_STATUS,
     FAILURE_RECORD_ENV,
     FRONTEND_PID_ENV,
+    is_api_server,
     record_failure,
     recorded_failure,
     watch_frontend,
@@ -144,3 +146,34 @@ def _exists(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state != "Z"
+
+
+API_SERVER = """
+import subprocess, sys, time
+sys.argv[0] = "/site-packages/vllm/entrypoints/openai/api_server.py"
+from afd_core.frontend import become_frontend
+become_frontend()
+engine = subprocess.Popen([sys.executable, "-c", '''
+import time
+open("/proc/self/comm", "w").write("VLLM::EngineCore")
+time.sleep(1.5)
+'''])
+engine.wait()
+time.sleep(60)  # a connection that never closes keeps vLLM's API server up
+"""
+
+
+def test_an_api_server_still_running_after_its_engine_ended_is_ended(tmp_path: Path) -> None:
+    started = time.monotonic()
+    result = run_python(API_SERVER, tmp_path)
+    took = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert "ended" in result.stderr and "still runs" in result.stderr, result.stderr
+    assert took < 1.5 + ENGINE_GONE_GRACE_S + 10.0, took
+
+
+def test_an_offline_program_is_never_ended_for_its_engine() -> None:
+    assert is_api_server(["/venv/lib/site-packages/vllm/entrypoints/openai/api_server.py"])
+    assert is_api_server(["/venv/bin/vllm"])
+    assert not is_api_server(["my_batch_job.py"])
+    assert not is_api_server(["-c"])

@@ -16,6 +16,16 @@ all with the frontend's environment. Two things vLLM 0.32 does not do, this modu
   which closes the connector, so the peers see a goodbye). Bound: the frontend's exit
   is seen at once (pidfd) or within :data:`POLL_INTERVAL_S`; the process then has
   :data:`afd_core.worker_exit.EXIT_GRACE_S` to exit before it exits hard.
+* **An API server outlives its engine by seconds at most.** vLLM's API server, stopped
+  (SIGTERM, Ctrl-C) while a response streams, shuts its engine down but keeps serving
+  the open connection: the client gets neither an error nor the end of its stream, and
+  the process stays until the client gives up. In an API server process (``python -m
+  vllm.entrypoints...``, ``vllm serve``) :func:`become_frontend` starts a thread that
+  watches the engine core (its child ``VLLM::EngineCore``); once that is gone and the
+  API server is still running :data:`ENGINE_GONE_GRACE_S` later, it ends the API
+  server (the open connections close, so the clients see an error), with status 1 when
+  a failure was recorded and 0 otherwise (what vLLM itself exits with after its engine
+  died).
 * **A failure is a non-zero exit.** When an AFD worker ends itself because of a failure
   (a lost peer, a protocol error, an FFN loop that failed), vLLM's API server shuts down
   and exits with status 0. The worker writes the failure into the frontend's failure
@@ -50,6 +60,10 @@ FAILURE_EXIT_STATUS = 1
 POLL_INTERVAL_S = 1.0
 #: Name of the watching thread (visible in ``py-spy dump`` and thread listings).
 WATCH_THREAD_NAME = "afd-frontend-watch"
+#: Seconds an API server may run on after its engine core ended before it is ended.
+ENGINE_GONE_GRACE_S = 5.0
+#: How vLLM names its engine core process (``/proc/<pid>/comm`` keeps 15 characters).
+ENGINE_PROCESS_NAME = "VLLM::EngineCore"[:15]
 
 _frontend_lock = threading.Lock()
 _is_frontend = False
@@ -74,6 +88,64 @@ def become_frontend(environ: MutableMapping[str, str] = os.environ) -> None:
     environ[FRONTEND_PID_ENV] = str(os.getpid())
     environ[FAILURE_RECORD_ENV] = str(record)
     atexit.register(_exit_with_recorded_failure, record)
+    if is_api_server(sys.argv):
+        threading.Thread(
+            target=_end_when_the_engine_is_gone,
+            args=(record,),
+            name="afd-frontend-engine-watch",
+            daemon=True,
+        ).start()
+
+
+def is_api_server(argv: list[str]) -> bool:
+    """Whether this process is a vLLM API server (``python -m vllm.entrypoints...`` or
+    the ``vllm`` command), not a program using vLLM offline."""
+    program = argv[0] if argv else ""
+    return "vllm/entrypoints/" in program.replace(os.sep, "/") or Path(program).name == "vllm"
+
+
+def _end_when_the_engine_is_gone(record: Path) -> None:
+    seen = False
+    while True:
+        time.sleep(POLL_INTERVAL_S / 2)
+        running = bool(_children_named(os.getpid(), ENGINE_PROCESS_NAME))
+        seen = seen or running
+        if seen and not running:
+            break
+    time.sleep(ENGINE_GONE_GRACE_S)
+    failure = recorded_failure(record)
+    status = FAILURE_EXIT_STATUS if failure else 0
+    logger.warning(
+        "AFD: the engine of this API server ended %g s ago but the server still runs (an "
+        "open connection holds it); ending it with status %d",
+        ENGINE_GONE_GRACE_S,
+        status,
+    )
+    for handler in logging.getLogger("vllm").handlers:
+        handler.flush()
+    sys.stderr.flush()
+    record.unlink(missing_ok=True)
+    os._exit(status)
+
+
+def _children_named(pid: int, name: str) -> list[int]:
+    """Live child processes of ``pid`` whose command name is ``name`` (from /proc)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            children = task.read_text().split()
+        except OSError:
+            continue
+        for child in children:
+            try:
+                stat = Path(f"/proc/{child}/stat").read_text()
+            except OSError:
+                continue
+            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+            state = stat.rsplit(")", 1)[1].split()[0]
+            if comm == name and state != "Z":
+                found.append(int(child))
+    return found
 
 
 def record_failure(

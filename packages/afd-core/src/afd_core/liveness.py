@@ -89,8 +89,8 @@ def busy() -> Iterator[None]:
     (a torch profiler writing its trace): the peers then tolerate silence from this rank
     up to their AFD timeout (``afd_process_group_timeout_s``) instead of
     :data:`SILENCE_S` until the spell ends (its heartbeats say "busy" meanwhile); this
-    rank does not count its peers' silence meanwhile either. A peer whose process ends is still seen at once (its
-    connection closes).
+    rank does not count its peers' silence meanwhile either. A peer whose process ends
+    is still seen at once (its connection closes).
     """
     watches = list(_open_watches)
     for watch in watches:
