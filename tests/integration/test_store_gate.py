@@ -131,3 +131,30 @@ def test_a_deployment_with_a_secret_serves_and_turns_strangers_away(ranks, port)
     assert intruder.error_type == "AFDPeerError", intruder
     assert f"requires the deployment's shared secret; set {SECRET_ENV}" in intruder.error
     assert secret not in intruder.error
+
+
+def test_a_rank_without_the_secret_is_told_why_even_when_the_first_look_misses_the_gate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a loaded host the gate may greet later than the first look waits: the rank then
+    tries the store, fails, looks again for longer, and still names the missing secret."""
+    from afd_core import rendezvous
+
+    looks: list[float] = []
+    real = rendezvous.announces_gate
+
+    def late_gate(host: str, port: int, wait_s: float = 0.3) -> bool:
+        looks.append(wait_s)
+        return False if len(looks) == 1 else real(host, port, wait_s)
+
+    monkeypatch.setattr(rendezvous, "announces_gate", late_gate)
+    (port,) = free_ports(1)
+    master = open_session("127.0.0.1", port, True, TIMEOUT_S, secret=SECRET)
+    try:
+        with pytest.raises(
+            AFDPeerError, match=f"requires the deployment's shared secret.*{SECRET_ENV}"
+        ):
+            open_session("127.0.0.1", port, False, 3.0)
+        assert looks == [0.3, rendezvous.SLOW_GATE_PROBE_S]
+    finally:
+        master.close()

@@ -56,6 +56,9 @@ PROTOCOL: dict[str, int] = {
     "data": TransferHeader.VERSION,
 }
 
+#: Seconds the second look for a store gate waits for its greeting, after the store
+#: could not be used (a loaded host may take longer than the first look's 0.3 s).
+SLOW_GATE_PROBE_S = 3.0
 _POLL_START_S = 0.005
 _POLL_MAX_S = 0.1
 
@@ -213,6 +216,8 @@ def open_session(
             tunnel.close()
             if tunnel.refusal:
                 raise AFDPeerError(f"AFD rendezvous: {tunnel.refusal}") from exc
+        elif announces_gate(host, port, wait_s=SLOW_GATE_PROBE_S):  # a gate the fast probe missed
+            raise _secret_required(host, port) from exc
         raise AFDPeerError(
             f"AFD rendezvous: lost the store at {address} ({exc}); FFN rank 0 stopped (see "
             f"its log), or it requires a shared secret ({SECRET_ENV}) that this rank lacks"
@@ -226,10 +231,7 @@ def _pass_gate(host: str, port: int, secret: bytes | None) -> StoreTunnel | None
     match FFN rank 0's."""
     if secret is None:
         if announces_gate(host, port):
-            raise AFDPeerError(
-                f"AFD rendezvous: FFN rank 0's store at {host}:{port} requires the "
-                f"deployment's shared secret; set {SECRET_ENV} for this rank as for the others"
-            )
+            raise _secret_required(host, port)
         return None
     tunnel = StoreTunnel(secret, (host, port))
     refusal = tunnel.check()
@@ -237,6 +239,13 @@ def _pass_gate(host: str, port: int, secret: bytes | None) -> StoreTunnel | None
         tunnel.close()
         raise AFDPeerError(f"AFD rendezvous: {refusal}")
     return tunnel
+
+
+def _secret_required(host: str, port: int) -> AFDPeerError:
+    return AFDPeerError(
+        f"AFD rendezvous: FFN rank 0's store at {host}:{port} requires the deployment's "
+        f"shared secret; set {SECRET_ENV} for this rank as for the others"
+    )
 
 
 def _host_session(host: str, port: int, timeout: timedelta, secret: bytes | None) -> Session:
