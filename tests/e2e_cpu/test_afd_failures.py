@@ -124,7 +124,7 @@ def test_stopping_one_role_ends_the_other_roles_waits_with_a_clear_error(
         if stopped_role == "ffn":
             # A request that may still be decoding when FFN stops (or may have finished:
             # a tiny model decodes fast); either way it must end, in an error or complete.
-            request = threading.Thread(target=_request, args=(attention.url, outcome))
+            request = threading.Thread(target=request_outcome, args=(attention.url, outcome))
             request.start()
             time.sleep(0.5)
         stopped.stop()
@@ -148,7 +148,8 @@ def test_stopping_one_role_ends_the_other_roles_waits_with_a_clear_error(
 REQUEST_TOKENS = 200
 
 
-def _request(url: str, outcome: list[object]) -> None:
+def request_outcome(url: str, outcome: list[object]) -> None:
+    """Append the completions of a long request on ``url``, or the error it ended with."""
     try:
         outcome.append(complete(url, PROMPTS, REQUEST_TOKENS, timeout_s=90.0))
     except BaseException as exc:

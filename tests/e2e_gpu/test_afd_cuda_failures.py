@@ -1,4 +1,7 @@
-"""Stopping either role of an AFD deployment on two GPUs ends the other's waits, bounded.
+"""Stopping a role of an AFD deployment on two GPUs: bounded waits, no hang.
+
+Stopping FFN ends the attention server's waits (AFDPeerError, exit status 1); stopping
+the attention server leaves the FFN server running, waiting for a replacement.
 
 AFD 1A1F over ``P2pNcclAFDConnector`` (the roles on the GPUs of
 ``gpu_settings.role_gpus``), eager and with ``FULL_DECODE_ONLY`` graphs,
@@ -11,6 +14,7 @@ AFDPeerError and the attention server exits. Skips unless two CUDA devices are v
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +22,7 @@ import pytest
 from afd_core.launch import DeploymentSpec, LocalDeployment
 from afd_models.tiny.specs import PROMPTS
 from tests.e2e_cpu.harness import complete
-from tests.e2e_cpu.test_afd_failures import _request_expecting_failure, wait_exit
+from tests.e2e_cpu.test_afd_failures import REQUEST_TOKENS, request_outcome, wait_exit
 from tests.e2e_gpu.gpu_settings import cuda_device_count, role_env, server_args
 
 pytest.importorskip("vllm")
@@ -56,21 +60,31 @@ def test_stopping_one_role_on_cuda_ends_the_other_roles_waits_with_a_clear_error
         (attention,) = deployment.attention_servers
         (ffn,) = deployment.ffn_servers
         stopped, survivor = (ffn, attention) if stopped_role == "ffn" else (attention, ffn)
-        errors: list[BaseException] = []
+        outcome: list[object] = []
         request = None
         if stopped_role == "ffn":
-            # A long request keeps the attention rank decoding while FFN stops.
-            request = threading.Thread(
-                target=_request_expecting_failure, args=(attention.url, errors)
-            )
+            # A request that may still be decoding when FFN stops (or may have finished);
+            # either way it must end, in an error or complete.
+            request = threading.Thread(target=request_outcome, args=(attention.url, outcome))
             request.start()
+            time.sleep(0.5)
         stopped.stop()
+        if stopped_role == "attention":
+            # The FFN rank keeps its model and waits for a replacement attention rank.
+            time.sleep(5.0)
+            log = survivor.log_path.read_text(errors="replace")
+            assert survivor.running and "waits up to" in log, survivor.log_tail()
+            print(f"RESULT attention stopped, graphs={graphs}: the FFN server keeps serving")
+            return
         took = wait_exit(survivor, EXIT_DEADLINE_S)
         log = survivor.log_path.read_text(errors="replace")
         assert "AFDPeerError" in log or "closed the connection" in log, survivor.log_tail()
-        if request is not None:
-            request.join(timeout=60)
-            assert not request.is_alive(), "the in-flight request still hangs"
-            assert errors, "the request in flight while FFN stopped did not fail"
+        assert survivor.exit_status == 1, survivor.log_tail()
+        assert request is not None
+        request.join(timeout=60)
+        assert not request.is_alive(), "the in-flight request still hangs"
+        (result,) = outcome
+        if not isinstance(result, BaseException):  # it finished before FFN left
+            assert all(len(c.token_ids) == REQUEST_TOKENS for c in result), result
         print(f"RESULT {stopped_role} stopped, graphs={graphs}: {survivor.spec.name} exited "
               f"{took:.1f} s after start")  # fmt: skip
