@@ -72,12 +72,20 @@ def _mac(secret: bytes, label: bytes, *parts: bytes) -> bytes:
     return hmac.new(secret, label + b"".join(parts), hashlib.sha256).digest()
 
 
+class _ClosedEarly(ConnectionError):
+    """The other side closed before sending all it had to; ``received`` bytes came."""
+
+    def __init__(self, received: int, size: int) -> None:
+        super().__init__(f"closed after {received} of {size} bytes")
+        self.received = received
+
+
 def _recv_exactly(sock: socket.socket, size: int) -> bytes:
     data = b""
     while len(data) < size:
         chunk = sock.recv(size - len(data))
         if not chunk:
-            raise ConnectionError(f"closed after {len(data)} of {size} bytes")
+            raise _ClosedEarly(len(data), size)
         data += chunk
     return data
 
@@ -178,7 +186,11 @@ class StoreGate:
             store.settimeout(None)
         except (OSError, PermissionError) as exc:
             self.rejected += 1
-            logger.warning(
+            # A probe that connects and closes without a word (a rank checking that the
+            # store listens) is not worth a warning; anything else is.
+            quiet = isinstance(exc, _ClosedEarly) and exc.received == 0
+            logger.log(
+                logging.DEBUG if quiet else logging.WARNING,
                 "AFD rendezvous: refused a connection from %s:%d to the store (%s)",
                 address[0],
                 address[1],
