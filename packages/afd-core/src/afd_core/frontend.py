@@ -121,9 +121,7 @@ def _end_when_the_engine_is_gone(record: Path) -> None:
         ENGINE_GONE_GRACE_S,
         status,
     )
-    for handler in logging.getLogger("vllm").handlers:
-        handler.flush()
-    sys.stderr.flush()
+    flush_logs()
     record.unlink(missing_ok=True)
     os._exit(status)
 
@@ -168,6 +166,14 @@ def record_failure(
         logger.warning("AFD: could not record the failure in %s (%s)", path, error)
 
 
+def flush_logs() -> None:
+    """Flush vLLM's log handlers and the standard streams (before a hard exit)."""
+    for handler in logging.getLogger("vllm").handlers:
+        handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
 def recorded_failure(record: Path) -> str | None:
     """The failure written into ``record`` by a descendant, or None."""
     try:
@@ -186,10 +192,7 @@ def _exit_with_recorded_failure(record: Path) -> None:
         failure,
         FAILURE_EXIT_STATUS,
     )
-    for handler in logging.getLogger("vllm").handlers:
-        handler.flush()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    flush_logs()
     os._exit(FAILURE_EXIT_STATUS)
 
 

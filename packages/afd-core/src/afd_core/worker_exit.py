@@ -14,10 +14,9 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import threading
 
-from afd_core.frontend import record_failure
+from afd_core.frontend import flush_logs, record_failure
 
 # A child of vLLM's logger, so vLLM's logging config (handler, level, format) applies.
 logger = logging.getLogger(f"vllm.{__name__}")
@@ -44,9 +43,7 @@ def exit_process(reason: str) -> None:
     any thread; returns at once.
     """
     logger.error("AFD: terminating this process (%s)", reason)
-    for handler in logging.getLogger("vllm").handlers:
-        handler.flush()
-    sys.stderr.flush()
+    flush_logs()
     timer = threading.Timer(EXIT_GRACE_S, os._exit, args=(1,))
     timer.daemon = True
     timer.start()
