@@ -13,6 +13,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -156,40 +158,62 @@ def request_outcome(url: str, outcome: list[object]) -> None:
         outcome.append(exc)
 
 
+@dataclass(frozen=True)
+class StreamOutcome:
+    """How a streamed request ended: chunks received, when it was interrupted (monotonic
+    time; 0.0 when it ended before), and the error it ended with, if any."""
+
+    chunks: int
+    interrupted_at: float
+    failure: Exception | None
+
+
+def stream_and_interrupt(
+    url: str, interrupt: Callable[[], None], after_chunks: int, timeout_s: float
+) -> StreamOutcome:
+    """Stream a long greedy completion from ``url`` and call ``interrupt`` once
+    ``after_chunks`` chunks have arrived. The stream must end (an error or its end),
+    never hang: the client's ``timeout_s`` bounds it."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=timeout_s, max_retries=0)
+    chunks, interrupted_at, failure = 0, 0.0, None
+    try:
+        stream = client.completions.create(
+            model=client.models.list().data[0].id,
+            prompt=PROMPTS[0],
+            max_tokens=REQUEST_TOKENS,
+            temperature=0.0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        for _ in stream:
+            chunks += 1
+            if chunks == after_chunks:
+                interrupt()
+                interrupted_at = time.monotonic()
+    except Exception as exc:  # the server went away mid-stream, as asked
+        failure = exc
+    finally:
+        client.close()
+    return StreamOutcome(chunks, interrupted_at, failure)
+
+
 def test_a_frozen_ffn_fails_the_streaming_request_in_flight_within_seconds(
     tiny_models: Path, vllm_cache_root: Path, tmp_path: Path
 ) -> None:
     """SIGSTOP of the whole FFN server while a request streams: the request cannot finish
     (every step needs the FFN rank), and the attention rank's peer watch, not the 30 s
     transport timeout, ends it: 5 s of silence, then the attention server exits."""
-    import openai
-
     spec = DeploymentSpec(model=tiny_models / MODEL, afd_process_group_timeout_s=PEER_TIMEOUT_S)
     with LocalDeployment(spec, work_dir=tmp_path, cache_root=vllm_cache_root) as deployment:
         (attention,) = deployment.attention_servers
         (ffn,) = deployment.ffn_servers
-        client = openai.OpenAI(
-            base_url=f"{attention.url}/v1", api_key="unused", timeout=90.0, max_retries=0
+        # Once the request is in flight, freeze every FFN process.
+        stream = stream_and_interrupt(
+            attention.url, lambda: os.killpg(ffn.pid, signal.SIGSTOP), 1, timeout_s=90.0
         )
-        frozen_at, failure, chunks = 0.0, None, 0
-        try:
-            stream = client.completions.create(
-                model=client.models.list().data[0].id,
-                prompt=PROMPTS[0],
-                max_tokens=REQUEST_TOKENS,
-                temperature=0.0,
-                stream=True,
-                extra_body={"ignore_eos": True},
-            )
-            for _ in stream:
-                chunks += 1
-                if chunks == 1:  # the request is in flight: freeze every FFN process
-                    os.killpg(ffn.pid, signal.SIGSTOP)
-                    frozen_at = time.monotonic()
-        except Exception as exc:
-            failure = exc
-        finally:
-            client.close()
+        frozen_at, failure, chunks = stream.interrupted_at, stream.failure, stream.chunks
         failed_after = time.monotonic() - frozen_at
         took = wait_exit(attention, EXIT_DEADLINE_S)
         log = attention.log_path.read_text(errors="replace")
@@ -277,36 +301,6 @@ def test_killing_an_api_server_ends_its_engine_and_workers_within_seconds(
     assert survivor.exit_status == 1, log[-3000:]
 
 
-def stream_then_signal(url: str, pid: int, sig: signal.Signals) -> tuple[int, float]:
-    """Start a long streamed completion on ``url``, send ``sig`` to ``pid`` after its
-    first chunks; the chunks received and the monotonic time of the signal. The stream
-    must end (an error or its end), never hang: the client's timeout bounds it."""
-    import openai
-
-    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=60.0, max_retries=0)
-    chunks, signalled_at = 0, 0.0
-    try:
-        stream = client.completions.create(
-            model=client.models.list().data[0].id,
-            prompt=PROMPTS[0],
-            max_tokens=REQUEST_TOKENS,
-            temperature=0.0,
-            stream=True,
-            extra_body={"ignore_eos": True},
-        )
-        for _ in stream:
-            chunks += 1
-            if chunks == 3:
-                os.kill(pid, sig)
-                signalled_at = time.monotonic()
-    except openai.APIError:
-        pass  # the server went away mid-stream, as asked
-    finally:
-        client.close()
-    assert signalled_at, f"the stream ended after {chunks} chunks, before the signal"
-    return chunks, signalled_at
-
-
 @pytest.mark.parametrize(
     ("how", "when"),
     [("SIGTERM", "mid-stream"), ("SIGKILL", "idle")],
@@ -334,8 +328,11 @@ def test_an_attention_server_can_be_replaced_against_a_running_ffn(
         assert attention.pid is not None
         sig = getattr(signal, how)
         if when == "mid-stream":
-            chunks, stopped_at = stream_then_signal(attention.url, attention.pid, sig)
-            assert chunks < REQUEST_TOKENS
+            pid = attention.pid
+            stream = stream_and_interrupt(attention.url, lambda: os.kill(pid, sig), 3, 60.0)
+            stopped_at = stream.interrupted_at
+            assert stopped_at, f"the stream ended after {stream.chunks} chunks, before the signal"
+            assert stream.chunks < REQUEST_TOKENS
         else:
             stopped_at = time.monotonic()
             os.kill(attention.pid, sig)

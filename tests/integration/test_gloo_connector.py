@@ -550,8 +550,9 @@ def test_graph_steps_of_two_ranks_move_bare_tensors_exactly(ranks, port):
 # Peer liveness (afd_core.liveness) -------------------------------------------------------
 
 
-def idle_attention_noticing_its_ffn(port: int, ffn_pid: Any, stop: str) -> tuple[str, str, float]:
-    """Idle attention rank: the FFN process is stopped (``stop``); how soon it knows."""
+def attention_after_one_layer(port: int) -> tuple[P2pGlooAFDConnector, list[float]]:
+    """An attention rank that exchanged one layer with its FFN rank and now idles, and the
+    times at which its connector reported a lost peer (filled by ``on_peer_lost``)."""
     conn = connect("attention", 0, port, 1, 1)
     lost: list[float] = []
     conn.on_peer_lost = lambda error: lost.append(time.monotonic())
@@ -559,6 +560,16 @@ def idle_attention_noticing_its_ffn(port: int, ffn_pid: Any, stop: str) -> tuple
         conn.attention.begin_step(payload(0, 0, (2,)))
         conn.attention.send(0, 0, torch.ones(2, WIRE.hidden_size))
         conn.attention.recv(0, 0)  # the FFN rank answers, then the attention rank idles
+    except BaseException:
+        conn.close()
+        raise
+    return conn, lost
+
+
+def idle_attention_noticing_its_ffn(port: int, ffn_pid: Any, stop: str) -> tuple[str, str, float]:
+    """Idle attention rank: the FFN process is stopped (``stop``); how soon it knows."""
+    conn, lost = attention_after_one_layer(port)
+    try:
         os.kill(ffn_pid.value, signal.SIGSTOP if stop == "freeze" else signal.SIGKILL)
         stopped = time.monotonic()
         deadline = stopped + 20
@@ -622,13 +633,8 @@ def ffn_busy_then_frozen(port: int, ffn_pid: Any, frozen: Any) -> None:
 
 def attention_tolerating_a_busy_ffn(port: int, ffn_pid: Any, frozen: Any) -> tuple[bool, float]:
     """Freeze the busy FFN process for longer than the silence bound, then thaw it."""
-    conn = connect("attention", 0, port, 1, 1)
-    lost: list[float] = []
-    conn.on_peer_lost = lambda error: lost.append(time.monotonic())
+    conn, lost = attention_after_one_layer(port)
     try:
-        conn.attention.begin_step(payload(0, 0, (2,)))
-        conn.attention.send(0, 0, torch.ones(2, WIRE.hidden_size))
-        conn.attention.recv(0, 0)
         assert frozen.wait(20)
         time.sleep(0.5)  # the busy announcement is read
         os.kill(ffn_pid.value, signal.SIGSTOP)

@@ -17,6 +17,11 @@ Settings read from vLLM's ``ProfilerConfig``: ``torch_profiler_dir``,
 ``max_iterations``. The trace is written when the profile stops (``/stop_profile``, the
 iteration limit, or the worker's shutdown), named ``afd-ffn<rank>_<vLLM's rank suffix>``
 plus the prefix given to ``/start_profile``.
+
+Two names here are not public API, on purpose: ``_start``/``_stop``/``_profiler_step``
+are the hooks vLLM's ``WorkerProfiler`` declares for its subclasses, and
+``torch.profiler._ExperimentalConfig`` is the only way torch 2.13 offers to record
+threads other than the one that starts the profile.
 """
 
 from __future__ import annotations
