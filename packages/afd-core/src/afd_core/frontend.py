@@ -26,6 +26,10 @@ all with the frontend's environment. Two things vLLM 0.32 does not do, this modu
   server (the open connections close, so the clients see an error), with status 1 when
   a failure was recorded and 0 otherwise (what vLLM itself exits with after its engine
   died).
+* **A stop signal is not lost while the engine starts.** In an API server process
+  :func:`become_frontend` also installs :func:`afd_core.startup_signals.relay_startup_signals`:
+  a SIGTERM that the kernel hands to a thread other than the main thread, while the
+  main thread waits for the engine (and so for the AFD rendezvous), is passed on to it.
 * **A failure is a non-zero exit.** When an AFD worker ends itself because of a failure
   (a lost peer, a protocol error, an FFN loop that failed), vLLM's API server shuts down
   and exits with status 0. The worker writes the failure into the frontend's failure
@@ -46,6 +50,8 @@ import threading
 import time
 from collections.abc import MutableMapping
 from pathlib import Path
+
+from afd_core.startup_signals import relay_startup_signals
 
 # A child of vLLM's logger, so vLLM's logging config (handler, level, format) applies.
 logger = logging.getLogger(f"vllm.{__name__}")
@@ -89,6 +95,7 @@ def become_frontend(environ: MutableMapping[str, str] = os.environ) -> None:
     environ[FAILURE_RECORD_ENV] = str(record)
     atexit.register(_exit_with_recorded_failure, record)
     if is_api_server(sys.argv):
+        relay_startup_signals()
         threading.Thread(
             target=_end_when_the_engine_is_gone,
             args=(record,),
