@@ -7,7 +7,7 @@ SIGTERM handler that raises ``KeyboardInterrupt`` (what vLLM's API server does f
 start-up) and polls a socket that never gets a message, for :data:`POLL_S`. A helper thread sends
 SIGTERM to itself (``signal.pthread_kill``), so the interpreter's handler runs on that
 thread and the main thread's poll is not interrupted: what the kernel did to vLLM's API
-server when it handed a SIGTERM to one of torch's threads.
+server when it handed a SIGTERM to a native thread of that process.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ vLLM's API server installs a SIGTERM handler for its start-up (it raises
 ``VLLM_ENGINE_READY_TIMEOUT_S`` (600 s by default). An AFD attention server waits there
 for as long as its rendezvous with the FFN role takes. Python runs a signal handler in
 the main thread only, when the main thread is interrupted; when the kernel hands the
-signal to another thread of the process (measured: one of torch's native threads), the
+signal to another thread of the process (measured: a native thread that runs no Python), the
 poll goes on and the signal is acted on only when the wait ends (``docs/failures.md``).
 
 :func:`relay_startup_signals` (called once in the API server's main thread, before the
