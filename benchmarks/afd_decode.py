@@ -84,9 +84,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.max_tokens < 2:
         parser.error("--max-tokens must be at least 2 (the first token is not timed)")
+    if args.vllm_spin_sleep_us is not None and args.vllm_spin_sleep_us < 1:
+        parser.error("--vllm-spin-sleep-us must be a positive number of microseconds")
     print(f"machine: {_cpu_model()}, {os.cpu_count()} cores, {platform.platform()}")
     print(f"load average at start (1/5/15 min): {_load()}")
-    if args.vllm_spin_sleep_us:
+    if args.vllm_spin_sleep_us is not None:
         _sleep_instead_of_spinning(args.vllm_spin_sleep_us)
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="afd-bench-"))
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -251,6 +253,11 @@ def format_accounting(
         f"the server's processes), run-queue wait per step (runnable, no CPU free), and "
         f"the host's busy share ({cores} CPUs); medians over the requests",
     ]
+
+    def per_step(seconds: list[float]) -> float:
+        """Median of per-request totals (s), in ms per decode step."""
+        return statistics.median(seconds) * 1e3 / max_tokens
+
     for (label, batch), windows in sorted(accounting.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         if batch == 0:
             busy = windows[0].host_busy
@@ -261,14 +268,10 @@ def format_accounting(
             )
             continue
         step = statistics.median(per_token[label, batch])
-        cpu = statistics.median(w.total_cpu for w in windows) * 1e3 / max_tokens
-        delay = statistics.median(w.total_delay for w in windows) * 1e3 / max_tokens
+        cpu = per_step([w.total_cpu for w in windows])
+        delay = per_step([w.total_delay for w in windows])
         busy = statistics.median(w.host_busy for w in windows)
         kinds = sorted({k for w in windows for k in w.cpu}, key=lambda k: -windows[0].cpu.get(k, 0))
-
-        def per_step(times: list[float]) -> float:
-            return statistics.median(times) * 1e3 / max_tokens
-
         detail = ", ".join(
             f"{kind} {per_step([w.cpu.get(kind, 0.0) for w in windows]):.2f}"
             f"/{per_step([w.delay.get(kind, 0.0) for w in windows]):.2f}"

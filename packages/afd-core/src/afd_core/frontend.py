@@ -51,6 +51,7 @@ import time
 from collections.abc import MutableMapping
 from pathlib import Path
 
+from afd_core.procfs import read_stat
 from afd_core.startup_signals import relay_startup_signals
 
 # A child of vLLM's logger, so vLLM's logging config (handler, level, format) applies.
@@ -142,13 +143,8 @@ def _children_named(pid: int, name: str) -> list[int]:
         except OSError:
             continue
         for child in children:
-            try:
-                stat = Path(f"/proc/{child}/stat").read_text()
-            except OSError:
-                continue
-            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-            state = stat.rsplit(")", 1)[1].split()[0]
-            if comm == name and state != "Z":
+            stat = read_stat(child)
+            if stat is not None and stat.comm == name and stat.alive:
                 found.append(int(child))
     return found
 
@@ -238,12 +234,10 @@ def _is_ancestor(pid: int) -> bool:
     while current > 1:
         if current == pid:
             return True
-        try:
-            stat = Path(f"/proc/{current}/stat").read_text()
-        except OSError:
+        stat = read_stat(current)
+        if stat is None:
             return False
-        # The command name (field 2) is in parentheses and may hold spaces.
-        current = int(stat.rsplit(")", 1)[1].split()[1])
+        current = stat.ppid
     return False
 
 

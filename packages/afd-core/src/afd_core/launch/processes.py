@@ -19,6 +19,8 @@ import signal
 import time
 from pathlib import Path
 
+from afd_core.procfs import read_stat
+
 _PROC = Path("/proc")
 _started_sessions: set[int] = set()
 
@@ -44,13 +46,8 @@ def session_processes(sid: int) -> list[int]:
     for entry in _PROC.iterdir():
         if not entry.name.isdigit():
             continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue  # the process ended while scanning
-        # "pid (comm) state ppid pgrp session ..."; comm may hold spaces and parentheses.
-        state, _ppid, _pgrp, session = stat[stat.rindex(")") + 2 :].split()[:4]
-        if int(session) == sid and state not in ("Z", "X"):
+        stat = read_stat(entry.name)  # None: the process ended while scanning
+        if stat is not None and stat.session == sid and stat.alive:
             found.append(int(entry.name))
     return sorted(found)
 
