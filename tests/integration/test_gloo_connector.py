@@ -35,8 +35,16 @@ GATE_WIRE = WireSpec(
 
 
 def config(
-    role: str, port: int, a: int, f: int, timeout_s: int = 20, gate: bool = False
+    role: str,
+    port: int,
+    a: int,
+    f: int,
+    timeout_s: int = 20,
+    gate: bool = False,
+    idle_limit_s: int = 0,
 ) -> AFDConfig:
+    """``idle_limit_s`` 0 (these tests' default): an attention rank that leaves fails its
+    FFN rank; above 0 the FFN rank lets its link go and accepts a replacement."""
     return AFDConfig(
         role=role,
         connector="P2pGlooAFDConnector",
@@ -45,13 +53,21 @@ def config(
         num_ffn_ranks=f,
         afd_process_group_timeout_s=timeout_s,
         compute_gate_on_attention=gate,
+        ffn_idle_limit_s=idle_limit_s,
     )
 
 
 def connect(
-    role: str, rank: int, port: int, a: int, f: int, wire: WireSpec = WIRE, timeout_s: int = 20
+    role: str,
+    rank: int,
+    port: int,
+    a: int,
+    f: int,
+    wire: WireSpec = WIRE,
+    timeout_s: int = 20,
+    idle_limit_s: int = 0,
 ) -> P2pGlooAFDConnector:
-    cfg = config(role, port, a, f, timeout_s, gate=bool(wire.router_logits_width))
+    cfg = config(role, port, a, f, timeout_s, bool(wire.router_logits_width), idle_limit_s)
     conn = P2pGlooAFDConnector(cfg, rank, wire)
     conn.initialize()
     return conn

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
 from afd_core.errors import AFDError, AFDPeerError, AFDShutdown
-from afd_core.topology import Topology
+from afd_core.topology import Role, Topology
 from afd_core.transport import TransferFailed
 from afd_core.wire import describe_rank
 
@@ -150,30 +150,48 @@ def guarded_until_closed(
 
 
 class PeerFailures:
-    """Names the peers of one rank and explains transport failures in their terms."""
+    """Names the peers of one rank and explains transport failures in their terms.
 
-    def __init__(self, topology: Topology, timeout_s: float, fuse: Fuse) -> None:
+    Peers are given as ranks of the transports the failures come from. ``world_ranks``
+    maps them to world ranks when the transports span only part of the world (a link of
+    its own between an FFN rank and one attention rank: ``world_ranks[i]`` is the world
+    rank of transport rank ``i``); None: transport ranks are world ranks.
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        timeout_s: float,
+        fuse: Fuse,
+        world_ranks: tuple[int, ...] | None = None,
+    ) -> None:
         self._topology = topology
         self._timeout_s = timeout_s
         self._fuse = fuse
+        self._world_ranks = world_ranks
 
-    def describe(self, world_rank: int) -> str:
-        """``"FFN rank 0 (world rank 0)"`` for world rank 0."""
-        role, rank = self._topology.role_of_world_rank(world_rank)
+    def describe(self, peer: int) -> str:
+        """``"FFN rank 0 (world rank 0)"`` for the peer that is world rank 0."""
+        role, rank = self.role_of(peer)
         return describe_rank(self._topology, role, rank)
+
+    def role_of(self, peer: int) -> tuple[Role, int]:
+        """The role and role rank of the peer that is transport rank ``peer``."""
+        world_rank = peer if self._world_ranks is None else self._world_ranks[peer]
+        return self._topology.role_of_world_rank(world_rank)
 
     def error(self, failure: TransferFailed, doing: str, peer: int | None = None) -> AFDError:
         """The error for ``failure`` while this rank was waiting for ``doing``.
 
-        ``doing`` reads like ``"layer 3 of step 17"``; ``peer`` (a world rank) names the
-        peer when the failure does not. ``failure`` is consumed: its traceback and chain
+        ``doing`` reads like ``"layer 3 of step 17"``; ``peer`` (a transport rank) names
+        the peer when the failure does not. ``failure`` is consumed: its traceback and chain
         are dropped (their frames hold transfers, and through them the process group).
         """
         failure.__traceback__ = failure.__context__ = failure.__cause__ = None
         if self._fuse.closed:
             return AFDShutdown(f"AFD: {self._fuse.name} was closed while waiting for {doing}")
-        world_rank = failure.peer if failure.peer is not None else peer
-        who = "a peer" if world_rank is None else self.describe(world_rank)
+        failed = failure.peer if failure.peer is not None else peer
+        who = "a peer" if failed is None else self.describe(failed)
         if failure.reason == "interrupted" and self._fuse.failure is not None:
             return type(self._fuse.failure)(f"{self._fuse.failure} (while waiting for {doing})")
         if failure.reason == "timeout":
@@ -182,7 +200,7 @@ class PeerFailures:
                 "stuck or overloaded, or the roles disagree on the step sequence "
                 f"(afd_process_group_timeout_s sets this limit) [{failure.detail}]"
             )
-        role = "a" if world_rank is None else self._topology.role_of_world_rank(world_rank)[0]
+        role = "a" if failed is None else self.role_of(failed)[0]
         return AFDPeerError(
             f"AFD: {who} closed the connection during {doing}; the "
             f"{'FFN' if role == 'ffn' else 'attention'} role stopped or crashed — see its "

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from afd_core import seats
 from afd_core.errors import (
     AFDConfigError,
     AFDError,
@@ -157,6 +158,13 @@ class Session:
     def key(self, *parts: object) -> str:
         """``afd/<session>/<parts joined by '/'>``."""
         return "/".join(("afd", self.session_id, *map(str, parts)))
+
+    def link(self, attention_rank: int, generation: int) -> Session:
+        """The namespace of one attention rank's own link (generation ``generation``, see
+        :mod:`afd_core.seats`): its keys live under ``afd/<session>/link/a<rank>/g<gen>/``.
+        The store is this session's; closing the link's session closes nothing."""
+        link_id = f"{self.session_id}/link/a{attention_rank}/g{generation}"
+        return Session(self.store, link_id, self.address)
 
     def prefix_store(self, name: str) -> Store:
         """A PrefixStore for a process group created in this session."""
@@ -352,7 +360,8 @@ def exchange_hello(
     topology: Topology,
     timeout_s: float,
     should_stop: Callable[[], bool] = lambda: False,
-) -> None:
+    seated: bool = False,
+) -> int:
     """Publish ``me`` and check the hello record of every other rank of ``topology``.
 
     Peers (the ranks ``me`` exchanges data with) come first. Raises AFDProtocolError on
@@ -361,12 +370,26 @@ def exchange_hello(
     ``should_stop`` turns true. A second rank with the same role and role rank (two
     servers started with one ``role_rank``) aborts the rendezvous at once, and every rank
     then raises AFDProtocolError naming that rank.
+
+    With ``seated`` (connectors that let an attention rank be replaced, see
+    :mod:`afd_core.seats`) an attention rank that joins a running world as a rank whose
+    seat was held is a replacement: it waits for the seat to be vacated, compares its
+    record with everyone's and fails alone (no abort record: the deployment keeps
+    serving) on a difference or when the seat stays held. Returns the generation of the
+    seat this rank took: 0 at the world's start.
     """
     store = session.store
     deadline = time.monotonic() + timeout_s
     abort_key = session.key("abort")
+    generation = 0
+    replacing = False
     try:
-        if store.add(session.key("joined", me.role, me.role_rank), 1) > 1:
+        joined = store.add(session.key("joined", me.role, me.role_rank), 1)
+        replaceable = seated and me.role == "attention"
+        if joined > 1 and replaceable and seats.is_seated(session, me.role_rank):
+            generation, replacing = joined - 1, True
+            seats.claim_vacated_seat(session, me.role_rank, generation, should_stop)
+        elif joined > 1:
             count = topology.num_ffn_ranks if me.role == "ffn" else topology.num_attention_ranks
             problem = (
                 f"AFD rendezvous: {me.name} joined twice: a second {me.role} server was "
@@ -389,6 +412,9 @@ def exchange_hello(
             for role, rank in arrived:
                 theirs = Hello.decode(store.get(session.key("hello", role, rank)))
                 problem = compare_hello(me, theirs)
+                if problem is not None and replacing:
+                    seats.answer(session, me.role_rank, generation, problem)
+                    raise AFDProtocolError(problem)
                 if problem is not None:
                     _abort(session, topology, problem, f" (reported by {me.name})")
                 pending.remove((role, rank))
@@ -409,6 +435,8 @@ def exchange_hello(
             if not arrived:
                 time.sleep(delay)
                 delay = min(delay * 2, _POLL_MAX_S)
+        if seated and me.role == "attention":
+            seats.answer(session, me.role_rank, generation, None)
     except AFDError:
         raise
     except RuntimeError as exc:
@@ -416,6 +444,7 @@ def exchange_hello(
             f"AFD rendezvous: lost the store at {session.address} ({exc}); FFN rank 0 "
             "stopped — see its log"
         ) from exc
+    return generation
 
 
 #: Seconds FFN rank 0 (the store's host) waits, after an abort, for the ranks that joined

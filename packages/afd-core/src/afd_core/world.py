@@ -95,6 +95,35 @@ class World:
         self.session = None
 
 
+def join_session(connector: Connector, seated: bool = False) -> tuple[Session, int]:
+    """Open (FFN rank 0: host) the rendezvous session and exchange hello records.
+
+    Returns the session and the generation of the seat this rank took (``seated``: see
+    :func:`~afd_core.rendezvous.exchange_hello`; 0 otherwise). Bounded by
+    ``afd_process_group_timeout_s``; ``connector.close()`` meanwhile makes it raise
+    AFDShutdown. Raises what the rendezvous raises; the session is closed again then.
+    """
+    config, topology = connector.config, connector.topology
+    timeout_s = float(config.afd_process_group_timeout_s)
+
+    def should_stop() -> bool:
+        return connector.is_closed
+
+    session = open_session(
+        config.host, config.port, connector.world_rank == 0, timeout_s, should_stop,
+        rendezvous_secret(),
+    )  # fmt: skip
+    try:
+        generation = exchange_hello(
+            session, Hello.of(config, connector.role_rank, connector.wire), topology,
+            timeout_s, should_stop, seated,
+        )  # fmt: skip
+    except BaseException:
+        session.close()
+        raise
+    return session, generation
+
+
 def open_world(connector: Connector, data: DataTransportFactory) -> World:
     """Rendezvous as ``connector``'s rank and open its control and data transports.
 
@@ -106,35 +135,103 @@ def open_world(connector: Connector, data: DataTransportFactory) -> World:
     config, topology = connector.config, connector.topology
     timeout_s = float(config.afd_process_group_timeout_s)
     rank, size = connector.world_rank, topology.world_size
+    session, _ = join_session(connector)
+    world = _open_transports(connector, data, session, session, rank, size, timeout_s, None)
+    peers = topology.liveness_peers(config.role, connector.role_rank)
+    return _watched(
+        connector, world, session, rank, peers,
+        lambda error: peer_lost(connector, world, error),
+        lambda peer, error: peer_departed(connector, world, peer, error),
+    )  # fmt: skip
 
-    def should_stop() -> bool:
-        return connector.is_closed
 
-    session = open_session(
-        config.host, config.port, rank == 0, timeout_s, should_stop, rendezvous_secret()
+#: Called by a link's peer watch: ``(link world, error)`` when its peer is lost,
+#: ``(link world, peer, error)`` when its peer said goodbye.
+LinkLost = Callable[["World", AFDPeerError], None]
+LinkDeparted = Callable[["World", int, AFDPeerError], None]
+
+
+def open_link(
+    connector: Connector,
+    data: DataTransportFactory,
+    session: Session,
+    attention_rank: int,
+    generation: int,
+    *,
+    owns_session: bool,
+    on_lost: LinkLost,
+    on_departed: LinkDeparted,
+) -> World:
+    """The link of its own between an FFN rank and attention rank ``attention_rank``.
+
+    A world of two ranks (the FFN rank is rank 0, the attention rank rank 1) in the
+    session's namespace for this attention rank and seat ``generation``
+    (:meth:`~afd_core.rendezvous.Session.link`): its own gloo control group, data
+    transport and liveness connection, so that losing it leaves every other link of the
+    FFN rank untouched. ``owns_session``: releasing the link also closes ``session``
+    (the attention side, whose only link it is). Bounded by the AFD timeout; closes what
+    it opened when it raises.
+    """
+    config, topology = connector.config, connector.topology
+    timeout_s = float(config.afd_process_group_timeout_s)
+    ffn_rank = topology.ffn_rank_of(attention_rank)
+    ranks = (topology.world_rank("ffn", ffn_rank), topology.world_rank("attention", attention_rank))
+    me = 0 if config.role == "ffn" else 1
+    link_session = session.link(attention_rank, generation)
+    world = _open_transports(
+        connector, data, link_session, session if owns_session else None, me, 2, timeout_s, ranks
     )
+    return _watched(
+        connector, world, link_session, me, (1 - me,),
+        lambda error: on_lost(world, error),
+        lambda peer, error: on_departed(world, peer, error),
+    )  # fmt: skip
+
+
+def _open_transports(
+    connector: Connector,
+    data: DataTransportFactory,
+    namespace: Session,
+    owned: Session | None,
+    rank: int,
+    size: int,
+    timeout_s: float,
+    world_ranks: tuple[int, ...] | None,
+) -> World:
+    """The control and data transports of ``size`` ranks in ``namespace``, as a World
+    that releases ``owned`` last; ``owned`` is closed when this raises."""
     try:
-        exchange_hello(
-            session, Hello.of(config, connector.role_rank, connector.wire), topology,
-            timeout_s, should_stop,
-        )  # fmt: skip
-        control = open_gloo(session, "control", rank, size, timeout_s)
+        control = open_gloo(namespace, "control", rank, size, timeout_s)
     except BaseException:
-        session.close()
+        if owned is not None:
+            owned.close()
         raise
     try:
-        transport = data(session, control, rank, size, timeout_s)
+        transport = data(namespace, control, rank, size, timeout_s)
     except BaseException:
         control.close()
-        session.close()
+        if owned is not None:
+            owned.close()
         raise
-    failures = PeerFailures(topology, timeout_s, connector.fuse)
-    world = World(session, control, transport, failures, timeout_s)
+    failures = PeerFailures(connector.topology, timeout_s, connector.fuse, world_ranks)
+    return World(owned, control, transport, failures, timeout_s)
+
+
+def _watched(
+    connector: Connector,
+    world: World,
+    namespace: Session,
+    rank: int,
+    peers: tuple[int, ...],
+    on_lost: Callable[[AFDPeerError], None],
+    on_departed: Callable[[int, AFDPeerError], None],
+) -> World:
+    """``world`` with its peer watch on ``peers`` running; released when this raises or
+    when the connector was closed meanwhile (AFDShutdown)."""
     try:
         world.watch = PeerWatch.open(
-            session, config.host, rank, topology.liveness_peers(config.role, connector.role_rank),
-            timeout_s, failures.describe, lambda error: _peer_lost(connector, world, error),
-            lambda peer, error: _peer_departed(connector, world, peer, error),
+            namespace, connector.config.host, rank, peers, world.timeout_s,
+            world.failures.describe, on_lost, on_departed,
         )  # fmt: skip
     except BaseException:
         world.interrupt()
@@ -147,7 +244,7 @@ def open_world(connector: Connector, data: DataTransportFactory) -> World:
     return world
 
 
-def _peer_lost(connector: Connector, world: World, error: AFDPeerError) -> None:
+def peer_lost(connector: Connector, world: World, error: AFDPeerError) -> None:
     """The watch found a peer gone: fail the connector, wake its waits, tell its owner."""
     if connector.fuse.closed:
         return
@@ -158,7 +255,7 @@ def _peer_lost(connector: Connector, world: World, error: AFDPeerError) -> None:
         connector.on_peer_lost(error)
 
 
-def _peer_departed(connector: Connector, world: World, peer: int, error: AFDPeerError) -> None:
+def peer_departed(connector: Connector, world: World, peer: int, error: AFDPeerError) -> None:
     """A peer closed its connector: fail at the next step boundary, wake waits there."""
     if connector.fuse.closed:
         return

@@ -22,12 +22,17 @@ vLLM's forward context is a module global, not a thread-local: setting it from t
 thread is safe because the FFN worker's main thread never runs a forward (it only answers
 vLLM's RPCs, and the FFN worker refuses ``execute_model``).
 
-When the attention ranks leave or are lost (an ``AFDPeerError`` while serving: a goodbye,
-a closed or silent heartbeat link, a transfer whose peer is gone), the FFN rank keeps its
-model and waits at a new rendezvous (same config, a fresh connector from ``reconnect``)
-for their replacements, for up to ``ffn_idle_limit_s`` (checked between rendezvous
-attempts, each bounded by ``afd_process_group_timeout_s``). The connector's peer watch
-reports a peer that is gone (or left) within seconds even while the loop idles.
+When an attention rank leaves or is lost, a connector that replaces attention ranks
+(``Connector.replaces_attention_ranks``: ``P2pGlooAFDConnector``, see
+:mod:`afd_core.p2p.links`) lets that rank's link go by itself, keeps serving the others
+and takes in the server that replaces it; it fails only when no attention rank was
+linked for ``ffn_idle_limit_s``. With any other connector the attention ranks' leaving
+ends the loop (an ``AFDPeerError`` while serving: a goodbye, a closed or silent heartbeat
+link, a transfer whose peer is gone), and the FFN rank keeps its model and waits at a new
+rendezvous (same config, a fresh connector from ``reconnect``) for their replacements,
+for up to ``ffn_idle_limit_s`` (checked between rendezvous attempts, each bounded by
+``afd_process_group_timeout_s``). The connector's peer watch reports a peer that is gone
+(or left) within seconds even while the loop idles.
 
 Any other error, a first rendezvous that fails, or an idle limit that passes ends the
 loop for good: it is logged with its reason, kept for ``check_health``, the connector is
@@ -403,7 +408,10 @@ def open_ffn_server(
         on_failure=functools.partial(exit_worker_process, "FFN"),
         device=device,
         max_cuda_graphs=config.ffn_cuda_graphs,
-        reconnect=functools.partial(build_connector, config, role_rank, wire),
+        # A connector that replaces attention ranks itself never needs a new rendezvous.
+        reconnect=None
+        if connector.replaces_attention_ranks
+        else functools.partial(build_connector, config, role_rank, wire),
         idle_limit_s=config.ffn_idle_limit_s,
         on_step=on_step,
     )

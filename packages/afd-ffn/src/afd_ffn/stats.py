@@ -19,8 +19,10 @@ class FFNStats:
     eager layer exchanges (a token counts once per layer; with an expert-routed connector
     only the tokens routed to this rank). ``rendezvous``: rendezvous completed (1 after
     start-up; one more for each new set of attention ranks served after the previous ones
-    all left). Written only by the server thread; readers see
-    whole numbers (Python int updates are atomic), possibly one step behind.
+    all left, with a connector that does not replace attention ranks one by one; one that
+    does counts its replacements in the endpoint's ``attention_replacements``). Written
+    only by the server thread; readers see whole numbers (Python int updates are atomic),
+    possibly one step behind.
     """
 
     steps: int = 0

@@ -1,7 +1,8 @@
 """``StepAssembler``: the FFN side's rules for turning control payloads into steps.
 
 Pure Python. Each attention rank's step ids must increase by one from payload to payload
-(the first may be anything); every rank of a step must run the same number of stages.
+(the first may be anything, also the first of a server that replaced the rank); every
+rank of a step must run the same number of stages.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ class StepAssembler:
     def __init__(self, senders: Sequence[int]) -> None:
         self.senders = tuple(senders)
         self._last_step: dict[int, int] = {}
+
+    def forget(self, rank: int) -> None:
+        """A new server took attention rank ``rank``'s seat: its step ids start afresh."""
+        self._last_step.pop(rank, None)
 
     def assemble(self, ready: Mapping[int, ControlPayload]) -> FFNStep:
         """One step from ``ready`` (attention rank -> its next payload), in sender order.

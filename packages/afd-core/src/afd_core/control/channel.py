@@ -21,7 +21,6 @@ import ctypes
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from afd_core.control.assembler import StepAssembler
@@ -33,9 +32,12 @@ from afd_core.wire import CONTROL_FRAME_BYTES, decode_control_frame, encode_cont
 if TYPE_CHECKING:
     from afd_core.connector import FFNStep
     from afd_core.metadata import ControlPayload
+    from afd_core.p2p.links import AttentionLink, BlockLinks
 
 #: What an inbox thread waits for, in error messages.
 NEXT_PAYLOAD = "the next control payload"
+#: Seconds the FFN loop waits for the receiver thread of a lost link to end.
+LOST_RECEIVER_JOIN_S = 2.0
 
 
 def host_frame(transport: Transport, nbytes: int = CONTROL_FRAME_BYTES) -> tuple[object, int]:
@@ -84,38 +86,32 @@ class ControlSender:
 
 
 class ControlInbox:
-    """FFN side: the control payloads of ``senders`` (attention rank -> world rank)."""
+    """FFN side: the control payloads of the attention ranks of ``links``.
 
-    def __init__(
-        self,
-        transport: Transport,
-        senders: Mapping[int, int],
-        fuse: Fuse,
-        failures: PeerFailures,
-        thread_name: str,
-    ) -> None:
-        self._transport = transport
-        self._senders = dict(senders)
+    Links added or lost while it runs (replaceable links, :mod:`afd_core.p2p.links`) are
+    taken in by :meth:`next_step`, between steps: a lost link's receiver thread is ended
+    and its queued payloads dropped, a new link gets a receiver thread and its step ids
+    start afresh.
+    """
+
+    def __init__(self, links: BlockLinks, fuse: Fuse, thread_name: str) -> None:
+        self._links = links
         self._fuse = fuse
-        self._failures = failures
         self._thread_name = thread_name
-        self._assembler = StepAssembler(tuple(senders))
+        ranks = tuple(sorted(links.current()))
+        self._assembler = StepAssembler(ranks)
         self._cond = threading.Condition()
-        self._queues: dict[int, deque[ControlPayload]] = {a: deque() for a in senders}
+        self._receiving: dict[int, AttentionLink] = {}
+        self._queues: dict[int, deque[ControlPayload]] = {a: deque() for a in ranks}
         self._errors: dict[int, AFDError] = {}
-        self._threads: list[threading.Thread] = []
+        self._threads: dict[int, threading.Thread] = {}
+        self._changed = False
+        links.on_change(self._note_change)
 
     def start(self) -> None:
         """Start one receiver thread per attention rank."""
-        for rank in self._queues:
-            thread = threading.Thread(
-                target=self._receive,
-                args=(rank,),
-                daemon=True,
-                name=f"{self._thread_name}-a{rank}",
-            )
-            self._threads.append(thread)
-            thread.start()
+        for link in self._links.current().values():
+            self._start(link)
 
     def wake(self) -> None:
         """Wake a thread waiting in :meth:`next_step` (it then checks the fuse)."""
@@ -123,9 +119,9 @@ class ControlInbox:
             self._cond.notify_all()
 
     def stop(self, join_timeout_s: float) -> None:
-        """Join the receiver threads; call once the transport was interrupted."""
+        """Join the receiver threads; call once the transports were interrupted."""
         self.wake()
-        for thread in self._threads:
+        for thread in self._threads.values():
             thread.join(join_timeout_s)
         self._threads.clear()
 
@@ -139,11 +135,13 @@ class ControlInbox:
         """The next step, or None once the connector is closed.
 
         Raises AFDPeerError when an attention rank with nothing queued has disconnected
-        or nothing is queued and a peer left (``Fuse.check_departure``), AFDProtocolError
-        for a payload that breaks the step rules.
+        or nothing is queued and a peer left (``Fuse.check_departure``), or when no
+        attention rank was linked for the idle limit (replaceable links);
+        AFDProtocolError for a payload that breaks the step rules.
         """
-        with self._cond:
-            while True:
+        while True:
+            self._take_in_changes()
+            with self._cond:
                 if self._fuse.closed:
                     return None
                 ready = self._pop_ready()
@@ -152,8 +150,49 @@ class ControlInbox:
                 for error in self._errors.values():
                     raise error
                 self._fuse.check_departure()
-                self._cond.wait(1.0)
+                idle = self._links.idle_error()
+                if idle is not None:
+                    raise idle
+                if not self._changed:
+                    self._cond.wait(self._links.idle_wait_s())
         return self._assembler.assemble(ready)
+
+    def _note_change(self) -> None:
+        with self._cond:
+            self._changed = True
+            self._cond.notify_all()
+
+    def _take_in_changes(self) -> None:
+        """End the receivers of lost links, start those of new ones (FFN loop thread)."""
+        with self._cond:
+            self._changed = False
+        added, _ = self._links.settle(self._end_receiver)
+        for link in added:
+            with self._cond:
+                self._queues[link.rank] = deque()
+                self._errors.pop(link.rank, None)
+            self._assembler.forget(link.rank)
+            self._start(link)
+
+    def _end_receiver(self, link: AttentionLink) -> None:
+        thread = self._threads.pop(link.rank, None)
+        if thread is not None:
+            thread.join(LOST_RECEIVER_JOIN_S)
+        with self._cond:
+            self._receiving.pop(link.rank, None)
+            self._queues[link.rank].clear()
+            self._errors.pop(link.rank, None)
+
+    def _start(self, link: AttentionLink) -> None:
+        self._receiving[link.rank] = link
+        thread = threading.Thread(
+            target=self._receive,
+            args=(link,),
+            daemon=True,
+            name=f"{self._thread_name}-a{link.rank}",
+        )
+        self._threads[link.rank] = thread
+        thread.start()
 
     def _pop_ready(self) -> dict[int, ControlPayload]:
         """The first payload of every rank with one queued, all of one kind.
@@ -161,12 +200,13 @@ class ControlInbox:
         A step is either a CUDA graph step (header-less data messages, see
         ``ControlPayload.is_graph_step``) or an eager one: the kind of the first ready
         rank in sender order decides, ranks whose next payload is of the other kind wait
-        for the next step. Call with ``_cond`` held.
+        for the next step. Ranks whose link is lost take no part. Call with ``_cond`` held.
         """
         kind: bool | None = None
         ready: dict[int, ControlPayload] = {}
         for rank, queue in self._queues.items():
-            if not queue:
+            link = self._receiving.get(rank)
+            if not queue or link is None or link.lost is not None:
                 continue
             if kind is None:
                 kind = queue[0].is_graph_step
@@ -174,23 +214,25 @@ class ControlInbox:
                 ready[rank] = queue.popleft()
         return ready
 
-    def _receive(self, rank: int) -> None:
-        peer = self._senders[rank]
-        frame, addr = host_frame(self._transport)
+    def _receive(self, link: AttentionLink) -> None:
+        transport, peer = link.control, link.peer
+        frame, addr = host_frame(transport)
         try:
             while not self._fuse.closed:
-                self._transport.wait(self._transport.post_recv(frame, peer), None)
+                transport.wait(transport.post_recv(frame, peer), None)
                 payload = decode_control_frame(ctypes.string_at(addr, CONTROL_FRAME_BYTES))
                 with self._cond:
-                    self._queues[rank].append(payload)
+                    self._queues[link.rank].append(payload)
                     self._cond.notify_all()
             return
         except TransferFailed as exc:
-            error: AFDError = self._failures.error(exc, NEXT_PAYLOAD)
+            error: AFDError = link.failures.error(exc, NEXT_PAYLOAD)
+            if self._fuse.closed or self._links.lose(link, error):
+                return
         except AFDProtocolError as exc:
             error = exc
         # Keep no traceback: its frames hold the transport handle (and so the group).
         error = type(error)(str(error))
         with self._cond:
-            self._errors[rank] = error
+            self._errors[link.rank] = error
             self._cond.notify_all()

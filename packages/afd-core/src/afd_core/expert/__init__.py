@@ -23,6 +23,7 @@ from afd_core.expert.attention import ExpertAttentionEndpoint
 from afd_core.expert.ffn import ExpertFFNEndpoint
 from afd_core.expert.messages import check_packable
 from afd_core.expert.placement import ExpertPlacement
+from afd_core.p2p.links import BlockLinks, shared_links
 from afd_core.world import DataTransportFactory, World, open_world
 
 #: Seconds ``close()`` waits for each control receiver thread to end.
@@ -67,7 +68,8 @@ def assemble_expert(connector: Connector, world: World) -> ConnectorParts:
     senders = {a: topology.world_rank("attention", a) for a in range(topology.num_attention_ranks)}
     inbox = None
     if connector.role_rank == 0:
-        inbox = ControlInbox(world.control, senders, fuse, world.failures, "afd-control-f0")
+        links = BlockLinks(0, shared_links(world, senders))
+        inbox = ControlInbox(links, fuse, "afd-control-f0")
         inbox.start()
         world.boundary_waiters.append(inbox.wake)
     relay = StepRelay(

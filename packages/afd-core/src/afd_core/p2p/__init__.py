@@ -2,25 +2,44 @@
 
 * :mod:`~afd_core.p2p.attention`: :class:`P2pAttentionEndpoint`;
 * :mod:`~afd_core.p2p.ffn`: :class:`P2pFFNEndpoint`;
-* :mod:`~afd_core.p2p.headers`: the per-step header rows both sides write and check.
+* :mod:`~afd_core.p2p.headers`: the per-step header rows both sides write and check;
+* :mod:`~afd_core.p2p.links`: the FFN rank's links to its attention ranks, and servers
+  that replace an attention rank.
 
-:func:`open_p2p` assembles a P2P connector's parts from an open world: the control
-channel (sender or inbox) on the world's control transport and the endpoint on its data
-transport. ``P2pGlooAFDConnector`` (afd-core) and ``P2pNcclAFDConnector``
-(afd-connectors-gpu) differ only in the data transport and the replay guard they pass.
+Two ways to lay out a P2P connector's transports:
+
+* :func:`open_p2p`: one world of every rank (one control group, one data transport);
+  ``P2pNcclAFDConnector`` (afd-connectors-gpu) uses it;
+* :func:`open_p2p_links`: a world of its own per attention rank and its FFN rank
+  (:func:`afd_core.world.open_link`), so that an attention server can leave and be
+  replaced while its FFN rank keeps serving the others; ``P2pGlooAFDConnector`` uses it.
+
+Either way the same endpoints and control channel run on top.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from afd_core import seats
 from afd_core.connector import Connector, ConnectorParts
 from afd_core.control.channel import ControlInbox, ControlSender
 from afd_core.endpoint_context import EndpointContext
+from afd_core.errors import AFDPeerError
 from afd_core.graphs import ReplayGuard
 from afd_core.p2p.attention import P2pAttentionEndpoint, P2pPeer
 from afd_core.p2p.ffn import P2pFFNEndpoint
-from afd_core.world import DataTransportFactory, World, open_world
+from afd_core.p2p.links import AttentionLink, BlockLinks, LinkAcceptor, shared_links
+from afd_core.rendezvous import Session
+from afd_core.world import (
+    DataTransportFactory,
+    World,
+    join_session,
+    open_link,
+    open_world,
+    peer_departed,
+    peer_lost,
+)
 
 #: Builds a connector's replay guard once its world is open (connectors with graph steps).
 ReplayGuardFactory = Callable[[Connector, World], ReplayGuard]
@@ -47,7 +66,8 @@ def open_p2p(
 def assemble_p2p(
     connector: Connector, world: World, replays: ReplayGuardFactory | None = None
 ) -> ConnectorParts:
-    """``connector``'s P2P parts on an open ``world``: control channel and endpoint.
+    """``connector``'s P2P parts on an open ``world`` of every rank: control channel and
+    endpoint.
 
     The FFN side's control receiver threads start here. The parts' shutdown interrupts
     the world, joins those threads, then releases the world.
@@ -58,20 +78,121 @@ def assemble_p2p(
     if config.role == "attention":
         ffn_rank = topology.ffn_rank_of(connector.role_rank)
         peer = P2pPeer(ffn_rank, topology.world_rank("ffn", ffn_rank))
-        sender = ControlSender(
-            world.control, (peer.world_rank,), world.timeout_s, fuse, world.failures
-        )
-        endpoint = P2pAttentionEndpoint(context, peer=peer, control=sender, replays=guard)
-        return ConnectorParts(endpoint, (world.interrupt, world.release))
+        return _attention_parts(connector, world, peer, guard)
     senders = {
         a: topology.world_rank("attention", a) for a in topology.block_of(connector.role_rank)
     }
-    inbox = ControlInbox(
-        world.control, senders, fuse, world.failures, f"afd-control-f{connector.role_rank}"
-    )
+    links = BlockLinks(connector.role_rank, shared_links(world, senders))
+    inbox = ControlInbox(links, fuse, f"afd-control-f{connector.role_rank}")
     inbox.start()
     world.boundary_waiters.append(inbox.wake)
-    endpoint_ffn = P2pFFNEndpoint(context, senders=senders, inbox=inbox, replays=guard)
+    endpoint = P2pFFNEndpoint(context, links=links, inbox=inbox, replays=guard)
     return ConnectorParts(
-        endpoint_ffn, (world.interrupt, lambda: inbox.stop(JOIN_TIMEOUT_S), world.release)
+        endpoint, (world.interrupt, lambda: inbox.stop(JOIN_TIMEOUT_S), world.release)
     )
+
+
+def _attention_parts(
+    connector: Connector, world: World, peer: P2pPeer, guard: ReplayGuard | None
+) -> ConnectorParts:
+    sender = ControlSender(
+        world.control, (peer.transport_rank,), world.timeout_s, connector.fuse, world.failures
+    )
+    context = EndpointContext.of(connector, world)
+    endpoint = P2pAttentionEndpoint(context, peer=peer, control=sender, replays=guard)
+    return ConnectorParts(endpoint, (world.interrupt, world.release))
+
+
+#: The attention rank's number on its link (the FFN rank is 0).
+ATTENTION_ON_LINK = 1
+#: The FFN rank's number on a link.
+FFN_ON_LINK = 0
+
+
+def open_p2p_links(connector: Connector, data: DataTransportFactory) -> ConnectorParts:
+    """Rendezvous and build ``connector``'s P2P parts on links of their own.
+
+    Attention side: the rendezvous (a server may take the seat of an attention rank that
+    left, :mod:`afd_core.seats`), then its link with its FFN rank. FFN side: the
+    rendezvous, a link with every attention rank of its block, the control inbox and,
+    when attention ranks may be replaced (``ffn_idle_limit_s`` > 0), the
+    :class:`~afd_core.p2p.links.LinkAcceptor`. Bounded by the AFD timeout.
+    """
+    config, topology = connector.config, connector.topology
+    replaceable = config.ffn_idle_limit_s > 0
+    session, generation = join_session(connector, seated=replaceable)
+    if config.role == "attention":
+        world = open_link(
+            connector, data, session, connector.role_rank, generation, owns_session=True,
+            on_lost=lambda w, error: peer_lost(connector, w, error),
+            on_departed=lambda w, peer, error: peer_departed(connector, w, peer, error),
+        )  # fmt: skip
+        ffn_rank = topology.ffn_rank_of(connector.role_rank)
+        return _attention_parts(connector, world, P2pPeer(ffn_rank, FFN_ON_LINK), None)
+    try:
+        return _ffn_link_parts(connector, data, session, replaceable)
+    except BaseException:
+        session.close()
+        raise
+
+
+def _ffn_link_parts(
+    connector: Connector, data: DataTransportFactory, session: Session, replaceable: bool
+) -> ConnectorParts:
+    config, topology, fuse = connector.config, connector.topology, connector.fuse
+    ffn_rank = connector.role_rank
+    block = tuple(topology.block_of(ffn_rank))
+    links = BlockLinks(
+        ffn_rank, [], replaceable=replaceable, session=session,
+        idle_limit_s=float(config.ffn_idle_limit_s),
+    )  # fmt: skip
+
+    def lost(world: World, error: AFDPeerError) -> None:
+        link = _link_of_world(links, world)
+        if link is None or not links.lose(link, error):
+            links.interrupt()  # the FFN rank fails: every wait on every link ends
+            peer_lost(connector, world, error)
+
+    def departed(world: World, peer: int, error: AFDPeerError) -> None:
+        link = _link_of_world(links, world)
+        if link is None or not links.lose(link, error):
+            peer_departed(connector, world, peer, error)
+
+    def open_world(rank: int, generation: int) -> World:
+        return open_link(
+            connector, data, session, rank, generation, owns_session=False,
+            on_lost=lost, on_departed=departed,
+        )  # fmt: skip
+
+    def link_of(rank: int, generation: int, world: World) -> AttentionLink:
+        return AttentionLink(
+            rank, ATTENTION_ON_LINK, world.control, world.data, world.failures, generation, world
+        )
+
+    try:
+        for rank in block:
+            links.add_initial(link_of(rank, 0, open_world(rank, 0)))
+            seats.mark_seated(session, rank, 0)
+    except BaseException:
+        links.close()
+        raise
+    timeout_s = float(config.afd_process_group_timeout_s)
+    first = links.get(block[0])  # every link's transports are alike: the context's
+    context = EndpointContext(connector.wire, ffn_rank, first.data, fuse, first.failures, timeout_s)
+    inbox = ControlInbox(links, fuse, f"afd-control-f{ffn_rank}")
+    inbox.start()
+    for link in links.current().values():
+        assert link.world is not None
+        link.world.boundary_waiters.append(inbox.wake)
+    endpoint = P2pFFNEndpoint(context, links=links, inbox=inbox)
+    shutdown: list[Callable[[], None]] = []
+    if replaceable:
+        acceptor = LinkAcceptor(links, session, block, open_world, link_of, timeout_s)
+        acceptor.start()
+        shutdown.append(lambda: acceptor.stop(JOIN_TIMEOUT_S))
+    shutdown += [links.interrupt, lambda: inbox.stop(JOIN_TIMEOUT_S), links.close, session.close]
+    return ConnectorParts(endpoint, tuple(shutdown))
+
+
+def _link_of_world(links: BlockLinks, world: World) -> AttentionLink | None:
+    return next((link for link in links.current().values() if link.world is world), None)

@@ -60,10 +60,11 @@ class _InFlight:
 
 @dataclass(frozen=True)
 class P2pPeer:
-    """The FFN rank an attention rank exchanges with: its role rank and world rank."""
+    """The FFN rank an attention rank exchanges with: its role rank, and its rank on the
+    transports (its world rank in a world of every rank, 0 on a link of their own)."""
 
     ffn_rank: int
-    world_rank: int
+    transport_rank: int
 
 
 class P2pAttentionEndpoint(AttentionEndpoint):
@@ -101,7 +102,7 @@ class P2pAttentionEndpoint(AttentionEndpoint):
         self._inflight: dict[int, _InFlight] = {}
         self._outgoing: OutgoingHeaders | None = None
         self._incoming: IncomingHeaders | None = None
-        self._sender_name = context.failures.describe(peer.world_rank)
+        self._sender_name = context.failures.describe(peer.transport_rank)
 
     @guarded
     def begin_step(self, payload: ControlPayload) -> None:
@@ -211,7 +212,7 @@ class P2pAttentionEndpoint(AttentionEndpoint):
             self._reject_send(layer, stage, hidden, router_logits, routing)
         assert step is not None and index is not None
         n = step.tokens[stage]
-        transport, peer = self._transport, self._peer.world_rank
+        transport, peer = self._transport, self._peer.transport_rank
         device = transport.device
         home = hidden.device
         if home != device:
@@ -316,7 +317,7 @@ class P2pAttentionEndpoint(AttentionEndpoint):
                     incoming.check_all(step.expected)
         except TransferFailed as exc:
             doing = layer_of_step(layer, step.step_id)
-            raise self._failures.error(exc, doing, self._peer.world_rank) from None
+            raise self._failures.error(exc, doing, self._peer.transport_rank) from None
         out = inflight.out
         return out if out.device == inflight.home else out.to(inflight.home)
 

@@ -24,21 +24,23 @@ from afd_core.errors import AFDError, AFDProtocolError
 from afd_core.failures import guarded, guarded_until_closed, layer_of_step
 from afd_core.graphs import ReplayGuard
 from afd_core.p2p.headers import IncomingHeaders, OutgoingHeaders
-from afd_core.transport import Transfer, TransferFailed
+from afd_core.transport import Transfer, TransferFailed, Transport
 from afd_core.wire import HeaderCodec
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable
 
     import torch
+
+    from afd_core.p2p.links import AttentionLink, BlockLinks
 
 
 @dataclass(slots=True)
 class _Member:
-    """One attention rank of a step: where its rows go and its headers."""
+    """One attention rank of a step: its link, where its rows go and its headers."""
 
     rank: int
-    peer: int
+    link: AttentionLink
     step_id: int
     rows: slice
     count: int
@@ -70,26 +72,27 @@ class _StepPlan:
 class P2pFFNEndpoint(FFNEndpoint):
     """The FFN side of P2P (see the module docstring).
 
-    ``senders`` maps the attention ranks of the block to their world ranks; ``replays``
-    bounds the FFN rank's own graph replays (None: no graph steps).
+    ``links`` are the FFN rank's links to the attention ranks of its block (their data
+    transports carry the layers; a lost replaceable link drops out of the step in
+    flight, see :mod:`afd_core.p2p.links`); ``replays`` bounds the FFN rank's own graph
+    replays (None: no graph steps).
     """
 
     def __init__(
         self,
         context: EndpointContext,
         *,
-        senders: Mapping[int, int],
+        links: BlockLinks,
         inbox: ControlInbox,
         replays: ReplayGuard | None = None,
     ) -> None:
         import torch
 
         wire = context.wire
-        self._wire, self._role_rank, self._transport = wire, context.role_rank, context.transport
-        self._fuse, self._failures, self._timeout_s = (
-            context.fuse, context.failures, context.timeout_s
-        )  # fmt: skip
-        self._senders = dict(senders)
+        self._wire, self._role_rank = wire, context.role_rank
+        self._fuse, self._timeout_s = context.fuse, context.timeout_s
+        self._links = links
+        self._device = context.transport.device
         self._inbox = inbox
         self._replays = replays
         self._dtype = getattr(torch, wire.dtype)
@@ -98,9 +101,9 @@ class P2pFFNEndpoint(FFNEndpoint):
         self._index = {layer: i for i, layer in enumerate(self._layers)}
         self._codec = HeaderCodec(wire)
         self._plan: _StepPlan | None = None
-        # Reused from step to step: input tensors per stage, header blocks per rank.
+        # Reused from step to step: input tensors per stage, header blocks per link.
         self._inputs: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
-        self._headers: dict[int, tuple[IncomingHeaders, OutgoingHeaders]] = {}
+        self._headers: dict[int, tuple[AttentionLink, IncomingHeaders, OutgoingHeaders]] = {}
 
     @guarded_until_closed
     def next_step(self) -> FFNStep | None:
@@ -125,21 +128,25 @@ class P2pFFNEndpoint(FFNEndpoint):
             )
         with_logits = self._wire.logits_width_at(layer) > 0
         row = stage * len(self._layers) + self._index[layer]
-        transport = self._transport
-        transfers = []
-        try:
-            for member in plan.members:
-                peer = member.peer
-                transfers.append(transport.post_recv(member.incoming.row(row), peer))
+        posted = []
+        for member in plan.members:
+            link = member.link
+            if link.lost is not None:
+                continue
+            transport, peer = link.data, link.peer
+            try:
+                transfers = [transport.post_recv(member.incoming.row(row), peer)]
                 if member.count:
                     transfers.append(transport.post_recv(member.hidden, peer))
                     if with_logits and member.logits is not None:
                         transfers.append(transport.post_recv(member.logits, peer))
-            transport.wait_all(transfers, time.monotonic() + self._timeout_s)
-        except TransferFailed as exc:
-            raise self._failures.error(exc, self._doing(plan, exc, layer)) from None
-        for member in plan.members:
-            if member.incoming.checks_each_message:
+            except TransferFailed as exc:
+                self._lose(member, exc, layer)
+                continue
+            posted.append((member, transfers))
+        self._wait(posted, layer)
+        for member, _ in posted:
+            if member.link.lost is None and member.incoming.checks_each_message:
                 member.incoming.check(row)
         logits = plan.logits if with_logits else None
         return FFNLayerBatch(step, layer, stage, plan.hidden, plan.splits, logits)
@@ -159,19 +166,24 @@ class P2pFFNEndpoint(FFNEndpoint):
         plan = self._stage(step, layer, stage)
         if output.shape != (plan.total, self._wire.hidden_size) or output.dtype != self._dtype:
             self._reject_output(output, plan.total)
-        transport = self._transport
-        if output.device != transport.device:  # a CPU transport serving a device model
-            output = output.to(transport.device)
+        if output.device != self._device:  # a CPU transport serving a device model
+            output = output.to(self._device)
         row = stage * len(self._layers) + self._index[layer]
-        transfers = []
-        try:
-            for member in plan.members:
-                transfers.append(transport.post_send(member.outgoing.row(row), member.peer))
+        posted = []
+        for member in plan.members:
+            link = member.link
+            if link.lost is not None:
+                continue
+            transport, peer = link.data, link.peer
+            try:
+                transfers = [transport.post_send(member.outgoing.row(row), peer)]
                 if member.count:
-                    transfers.append(transport.post_send(output[member.rows], member.peer))
-            transport.wait_all(transfers, time.monotonic() + self._timeout_s)
-        except TransferFailed as exc:
-            raise self._failures.error(exc, self._doing(plan, exc, layer)) from None
+                    transfers.append(transport.post_send(output[member.rows], peer))
+            except TransferFailed as exc:
+                self._lose(member, exc, layer)
+                continue
+            posted.append((member, transfers))
+        self._wait(posted, layer)
         self._finish_exchange(step)
 
     @guarded
@@ -198,7 +210,8 @@ class P2pFFNEndpoint(FFNEndpoint):
             targets = [hidden[member.rows]]
             if router_logits is not None:
                 targets.append(router_logits[member.rows])
-            return [self._transport.post_recv(t, member.peer) for t in targets]
+            link = member.link
+            return [link.data.post_recv(t, link.peer) for t in targets]
 
         self._exchange_graph(plan, layer, post)
 
@@ -208,7 +221,7 @@ class P2pFFNEndpoint(FFNEndpoint):
         self._check_graph_tensor("output", output, plan.total, self._wire.hidden_size)
 
         def post(member: _Member) -> list[Transfer]:
-            return [self._transport.post_send(output[member.rows], member.peer)]
+            return [member.link.data.post_send(output[member.rows], member.link.peer)]
 
         self._exchange_graph(plan, layer, post)
 
@@ -218,6 +231,13 @@ class P2pFFNEndpoint(FFNEndpoint):
             super().wait_for_stream(what)
             return
         self._replays.wait_for_stream(what)
+
+    def stats(self) -> dict[str, object]:
+        """``{"linked_attention_ranks": [...], "attention_replacements": n}``: the attention
+        ranks linked now, and how many servers took the seat of one that left."""
+        linked = sorted(r for r, link in self._links.current().items() if link.lost is None)
+        replacements = self._links.replacements
+        return {"linked_attention_ranks": linked, "attention_replacements": replacements}
 
     # Step plans ------------------------------------------------------------------------
 
@@ -261,10 +281,11 @@ class P2pFFNEndpoint(FFNEndpoint):
             logits = None if logits is None else logits[:total]
             members, start = [], 0
             for rank, payload, n in zip(step.attention_ranks, step.payloads, counts, strict=True):
-                incoming, outgoing = self._rank_headers(rank, rows_per_step)
+                link = self._links.get(rank)
+                incoming, outgoing = self._link_headers(link, rows_per_step)
                 rows = slice(start, start + n)
                 members.append(
-                    _Member(rank, self._senders[rank], payload.step_id, rows, n, incoming, outgoing,
+                    _Member(rank, link, payload.step_id, rows, n, incoming, outgoing,
                             hidden[rows], None if logits is None else logits[rows])
                 )  # fmt: skip
                 start += n
@@ -301,7 +322,7 @@ class P2pFFNEndpoint(FFNEndpoint):
 
         inputs = self._inputs.get(stage)
         if inputs is None or inputs[0].shape[0] < rows:
-            device, width = self._transport.device, self._wire.router_logits_width
+            device, width = self._device, self._wire.router_logits_width
             capacity = max(rows, 1)
             hidden = torch.empty(
                 (capacity, self._wire.hidden_size), dtype=self._dtype, device=device
@@ -312,16 +333,15 @@ class P2pFFNEndpoint(FFNEndpoint):
             inputs = self._inputs[stage] = (hidden, logits)
         return inputs
 
-    def _rank_headers(self, rank: int, rows: int) -> tuple[IncomingHeaders, OutgoingHeaders]:
-        headers = self._headers.get(rank)
-        if headers is None or headers[1].rows < rows:
-            sender = self._failures.describe(self._senders[rank])
-            headers = (
-                IncomingHeaders(self._transport, rows, sender),
-                OutgoingHeaders(self._transport, rows),
-            )
-            self._headers[rank] = headers
-        return headers
+    def _link_headers(
+        self, link: AttentionLink, rows: int
+    ) -> tuple[IncomingHeaders, OutgoingHeaders]:
+        cached = self._headers.get(link.rank)
+        if cached is None or cached[0] is not link or cached[2].rows < rows:
+            incoming = IncomingHeaders(link.data, rows, link.name)
+            cached = (link, incoming, OutgoingHeaders(link.data, rows))
+            self._headers[link.rank] = cached
+        return cached[1], cached[2]
 
     # Transfers -------------------------------------------------------------------------
 
@@ -329,17 +349,41 @@ class P2pFFNEndpoint(FFNEndpoint):
         self, plan: _StagePlan, layer: int, post: Callable[[_Member], list[Transfer]]
     ) -> None:
         """Graph step: ``post(member)`` for every member, then wait for all (bounded)."""
-        try:
-            transfers = [t for m in plan.members for t in post(m)]
-            self._transport.wait_all(transfers, time.monotonic() + self._timeout_s)
-        except TransferFailed as exc:
-            raise self._failures.error(exc, self._doing(plan, exc, layer)) from None
+        posted = []
+        for member in plan.members:
+            try:
+                posted.append((member, post(member)))
+            except TransferFailed as exc:
+                self._lose(member, exc, layer)
+        self._wait(posted, layer)
 
-    @staticmethod
-    def _doing(plan: _StagePlan, failure: TransferFailed, layer: int) -> str:
-        """What a failed wait was for: the layer of the failed peer's step."""
-        step_id = next((m.step_id for m in plan.members if m.peer == failure.peer), None)
-        return layer_of_step(layer, plan.members[0].step_id if step_id is None else step_id)
+    def _wait(self, posted: list[tuple[_Member, list[Transfer]]], layer: int) -> None:
+        """Wait (bounded) for every transfer posted, one wait per transport."""
+        by_transport: dict[int, tuple[Transport, list[Transfer], list[_Member]]] = {}
+        for member, transfers in posted:
+            data = member.link.data
+            entry = by_transport.setdefault(id(data), (data, [], []))
+            entry[1].extend(transfers)
+            entry[2].append(member)
+        deadline = time.monotonic() + self._timeout_s
+        for transport, transfers, members in by_transport.values():
+            try:
+                transport.wait_all(transfers, deadline)
+            except TransferFailed as exc:
+                failed = next((m for m in members if m.link.peer == exc.peer), members[0])
+                self._lose(failed, exc, layer)
+
+    def _lose(self, member: _Member, failure: TransferFailed, layer: int) -> None:
+        """A transfer of ``member`` failed: drop it from the step when the links let its
+        link go (its rows are zeroed: nothing of them is sent anywhere), else raise the
+        error. A message that breaks the protocol is never let go: it fails the rank."""
+        link = member.link
+        error = link.failures.error(failure, layer_of_step(layer, member.step_id))
+        if not self._links.lose(link, error):
+            raise error from None
+        member.hidden.zero_()
+        if member.logits is not None:
+            member.logits.zero_()
 
     def _finish_exchange(self, step: FFNStep) -> None:
         """Count a finished (layer, stage); after the step's last, run deferred checks."""
@@ -348,14 +392,15 @@ class P2pFFNEndpoint(FFNEndpoint):
         plan.done += 1
         if plan.done != plan.expected or step.is_graph_step:
             return
-        members = plan.stages[0].members
-        if members[0].incoming.checks_each_message:
+        members = [m for m in plan.stages[0].members if m.link.lost is None]
+        if not members or members[0].incoming.checks_each_message:
             return
         deadline = time.monotonic() + self._timeout_s
-        try:
-            self._transport.synchronize(deadline)
-        except TransferFailed as exc:
-            raise self._failures.error(exc, f"step {members[0].step_id}") from None
+        for transport in {id(m.link.data): m.link.data for m in members}.values():
+            try:
+                transport.synchronize(deadline)
+            except TransferFailed as exc:
+                raise members[0].link.failures.error(exc, f"step {members[0].step_id}") from None
         for member in members:
             member.incoming.check_all(plan.expected)
 

@@ -1,0 +1,357 @@
+"""The FFN rank's links to the attention ranks of its block, and attention ranks that come and go.
+
+An :class:`AttentionLink` is how an FFN rank reaches one attention rank: the control
+and data transports it uses, that rank's number on them and how to name it in errors.
+Either every link shares the connector's one world (P2P over NCCL, the expert exchange)
+or each has a world of its own (:func:`afd_core.world.open_link`: P2P over gloo).
+
+:class:`BlockLinks` holds them and decides what losing one means:
+
+* *shared* links, or an FFN rank without an idle limit (``ffn_idle_limit_s`` 0): an
+  attention rank that leaves is a failure of the FFN rank, as it always was;
+* *replaceable* links (own worlds and an idle limit): the FFN rank lets that link go
+  (:meth:`BlockLinks.lose` interrupts only that link's transports, so the waits on it
+  end and the steps in flight with the other attention ranks finish) and keeps serving
+  the others. At its next step boundary the FFN loop releases the link and vacates the
+  rank's seat (:mod:`afd_core.seats`); the :class:`LinkAcceptor` thread then opens the
+  link of the server that takes the seat. With no attention rank linked for
+  ``ffn_idle_limit_s`` the FFN rank fails (:meth:`BlockLinks.idle_error`).
+
+Changes to the set of links reach the FFN loop only at step boundaries
+(:meth:`BlockLinks.settle`, called by the control inbox), so a step's plan never sees a
+link released under it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from afd_core import seats
+from afd_core.errors import AFDError, AFDPeerError
+
+if TYPE_CHECKING:
+    from afd_core.failures import PeerFailures
+    from afd_core.rendezvous import Session
+    from afd_core.transport import Transport
+    from afd_core.world import World
+
+# A child of vLLM's logger, so vLLM's logging config applies in a server.
+logger = logging.getLogger(f"vllm.{__name__}")
+
+#: Seconds between two looks of the acceptor at the store.
+ACCEPT_POLL_S = 0.2
+
+
+@dataclass(eq=False)
+class AttentionLink:
+    """How the FFN rank reaches attention rank ``rank`` (``peer`` on both transports).
+
+    ``world`` is the link's own world (None: the link shares the connector's world);
+    ``generation`` the seat it serves (:mod:`afd_core.seats`); ``lost`` the error that
+    ended it, once it is lost.
+    """
+
+    rank: int
+    peer: int
+    control: Transport
+    data: Transport
+    failures: PeerFailures
+    generation: int = 0
+    world: World | None = None
+    lost: AFDError | None = None
+
+    @property
+    def name(self) -> str:
+        """``"attention rank 1 (world rank 2)"``."""
+        return self.failures.describe(self.peer)
+
+
+def shared_links(world: World, senders: dict[int, int]) -> list[AttentionLink]:
+    """Links over one shared ``world``: ``senders`` maps attention ranks to world ranks."""
+    return [
+        AttentionLink(rank, peer, world.control, world.data, world.failures)
+        for rank, peer in senders.items()
+    ]
+
+
+@dataclass
+class _Changes:
+    """What the FFN loop has yet to take in at its next step boundary."""
+
+    added: list[AttentionLink] = field(default_factory=list)
+    lost: list[AttentionLink] = field(default_factory=list)
+
+
+class BlockLinks:
+    """The links of FFN rank ``ffn_rank`` (see the module docstring).
+
+    ``replaceable``: losing a link lets it go instead of failing the FFN rank; then
+    ``session`` (the rendezvous session, for the seat records) is required and
+    ``idle_limit_s`` bounds the time without any linked attention rank.
+    """
+
+    def __init__(
+        self,
+        ffn_rank: int,
+        links: list[AttentionLink],
+        *,
+        replaceable: bool = False,
+        session: Session | None = None,
+        idle_limit_s: float = 0.0,
+    ) -> None:
+        if replaceable and session is None:
+            raise ValueError("BlockLinks: replaceable links need the rendezvous session")
+        self.ffn_rank = ffn_rank
+        self.replaceable = replaceable
+        self._session = session
+        self._idle_limit_s = idle_limit_s
+        self._lock = threading.Lock()
+        self._links: dict[int, AttentionLink] = {link.rank: link for link in links}
+        self._changes = _Changes()
+        self._idle_since: float | None = None
+        self._listeners: list[Callable[[], None]] = []
+        #: Replacement links opened so far (a counter for afd_stats).
+        self.replacements = 0
+
+    def on_change(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` (any thread) whenever a link is added or lost."""
+        self._listeners.append(wake)
+
+    def current(self) -> dict[int, AttentionLink]:
+        """The links by attention rank, lost ones included until released."""
+        with self._lock:
+            return dict(self._links)
+
+    def get(self, rank: int) -> AttentionLink:
+        """The link of attention rank ``rank``."""
+        with self._lock:
+            return self._links[rank]
+
+    def holds(self, rank: int) -> bool:
+        """Whether ``rank`` has a link (live or not yet released)."""
+        with self._lock:
+            return rank in self._links
+
+    def lose(self, link: AttentionLink, error: AFDError) -> bool:
+        """``link``'s peer is gone or its transfers failed (``error`` says how): True when
+        the link is let go (replaceable links; its transports are interrupted, the FFN loop
+        releases it at its next step boundary), False when the failure is the FFN rank's
+        (shared links, no idle limit). Protocol errors never come here: they fail the
+        FFN rank."""
+        if not self.replaceable:
+            return False
+        with self._lock:
+            if link.lost is not None or self._links.get(link.rank) is not link:
+                return True
+            link.lost = type(error)(str(error))
+            self._changes.lost.append(link)
+            others = sum(1 for other in self._links.values() if other.lost is None)
+        logger.warning(
+            "AFD FFN rank %d: %s; this FFN rank keeps its model, serves the %d other attention "
+            "rank(s) of its block and accepts a replacement server for this rank at any time "
+            "(with none linked it waits up to %g s, ffn_idle_limit_s)",
+            self.ffn_rank, link.lost, others, self._idle_limit_s,
+        )  # fmt: skip
+        assert link.world is not None
+        link.world.interrupt()
+        self._notify()
+        return True
+
+    def add_initial(self, link: AttentionLink) -> None:
+        """A link of the world's start (before the FFN loop runs)."""
+        with self._lock:
+            self._links[link.rank] = link
+
+    def add(self, link: AttentionLink) -> None:
+        """A replacement link is open (acceptor thread); the FFN loop takes it in."""
+        with self._lock:
+            self._links[link.rank] = link
+            self._changes.added.append(link)
+            self.replacements += 1
+        logger.info(
+            "AFD FFN rank %d: new attention ranks joined: %s took its seat (generation %d)",
+            self.ffn_rank, link.name, link.generation,
+        )  # fmt: skip
+        self._notify()
+
+    def settle(
+        self, before_release: Callable[[AttentionLink], None]
+    ) -> tuple[list[AttentionLink], list[AttentionLink]]:
+        """At a step boundary (FFN loop): release the lost links and vacate their seats.
+
+        ``before_release(link)`` runs first for each (the inbox ends its receiver thread).
+        Returns the links added and released since the last call.
+        """
+        with self._lock:
+            changes, self._changes = self._changes, _Changes()
+        for link in changes.lost:
+            before_release(link)
+            assert link.world is not None
+            link.world.release()
+            session = self._session
+            if session is None:  # closed meanwhile: close() released every link
+                continue
+            try:
+                seats.vacate(session, link.rank)  # before the link goes: see LinkAcceptor
+            except RuntimeError as exc:  # the store went with FFN rank 0
+                logger.warning(
+                    "AFD FFN rank %d: cannot free the seat of attention rank %d in the "
+                    "rendezvous store (%s); no server can replace it",
+                    self.ffn_rank, link.rank, exc,
+                )  # fmt: skip
+            with self._lock:
+                if self._links.get(link.rank) is link:
+                    del self._links[link.rank]
+        return changes.added, changes.lost
+
+    def idle_error(self) -> AFDPeerError | None:
+        """The failure of an FFN rank without linked attention ranks past its idle limit."""
+        with self._lock:
+            live = any(link.lost is None for link in self._links.values())
+        if live or not self.replaceable:
+            self._idle_since = None
+            return None
+        now = time.monotonic()
+        if self._idle_since is None:
+            self._idle_since = now
+        if now - self._idle_since < self._idle_limit_s:
+            return None
+        return AFDPeerError(
+            f"AFD FFN rank {self.ffn_rank}: no attention rank came within "
+            f"ffn_idle_limit_s={self._idle_limit_s:g} s after the last ones left; start the "
+            "attention servers, or raise ffn_idle_limit_s"
+        )
+
+    def idle_wait_s(self) -> float:
+        """Seconds until :meth:`idle_error` may change (for a bounded wait)."""
+        if self._idle_since is None:
+            return 1.0
+        return max(0.05, min(1.0, self._idle_since + self._idle_limit_s - time.monotonic()))
+
+    def interrupt(self) -> None:
+        """Interrupt every link's transports (say goodbye, wake their waits)."""
+        for link in self.current().values():
+            if link.world is not None:
+                link.world.interrupt()
+
+    def close(self) -> None:
+        """Interrupt and release every link (connector shutdown). Drops the listeners and
+        the session too: the rendezvous store goes with its last reference."""
+        with self._lock:
+            links, self._links = list(self._links.values()), {}
+            self._listeners.clear()
+            self._session = None
+        for link in links:
+            if link.world is not None:
+                link.world.interrupt()
+        for link in links:
+            if link.world is not None:
+                link.world.release()
+
+    def _notify(self) -> None:
+        for wake in self._listeners:
+            wake()
+
+
+#: Opens the link world of ``(attention rank, generation)`` on the FFN side.
+LinkOpener = Callable[[int, int], "World"]
+#: Turns an open link world into the FFN side's AttentionLink.
+LinkOf = Callable[[int, int, "World"], AttentionLink]
+
+
+class LinkAcceptor:
+    """FFN side: opens the link of each server that takes a vacated seat of the block.
+
+    A daemon thread looks at the seat records every :data:`ACCEPT_POLL_S`. For a rank of
+    ``block`` without a link whose next generation has joined, it waits for that
+    claimant's answer (bounded by ``timeout_s`` from the join): ``ready`` opens the link
+    (``open_world``, bounded by the AFD timeout) and hands it to ``links``; a refusal, a
+    claimant that never answers or a link that cannot be opened vacates the seat again,
+    with a warning in the log, so the next server may take it.
+    """
+
+    def __init__(
+        self,
+        links: BlockLinks,
+        session: Session,
+        block: tuple[int, ...],
+        open_world: LinkOpener,
+        link_of: LinkOf,
+        timeout_s: float,
+    ) -> None:
+        self._links = links
+        self._session = session
+        self._block = block
+        self._open_world = open_world
+        self._link_of = link_of
+        self._timeout_s = timeout_s
+        self._stop = threading.Event()
+        self._first_seen: dict[tuple[int, int], float] = {}
+        self._thread = threading.Thread(
+            target=self._run, name=f"afd-link-acceptor-f{links.ffn_rank}", daemon=True
+        )
+
+    def start(self) -> None:
+        """Start the acceptor thread."""
+        self._thread.start()
+
+    def stop(self, join_timeout_s: float) -> None:
+        """End the thread (a link it opens meanwhile is released again)."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(join_timeout_s)
+
+    def _run(self) -> None:
+        while not self._stop.wait(ACCEPT_POLL_S):
+            for rank in self._block:
+                if self._stop.is_set():
+                    return
+                try:
+                    self._look_at(rank)
+                except RuntimeError as exc:  # the store is gone: the connector is closing
+                    if not self._stop.is_set():
+                        logger.warning("AFD FFN: the seat records cannot be read (%s)", exc)
+                    return
+
+    def _look_at(self, rank: int) -> None:
+        if self._links.holds(rank):
+            return
+        session = self._session
+        generation = seats.vacancies(session, rank)
+        if seats.joins(session, rank) <= generation:
+            return  # nobody claims the seat
+        answer = seats.read_answer(session, rank, generation)
+        key = (rank, generation)
+        if answer is None:
+            first = self._first_seen.setdefault(key, time.monotonic())
+            if time.monotonic() - first > self._timeout_s:
+                self._give_up(rank, generation, f"it gave no answer within {self._timeout_s:g} s")
+            return
+        if answer != seats.READY:
+            self._give_up(rank, generation, answer)
+            return
+        try:
+            world = self._open_world(rank, generation)
+        except AFDError as exc:
+            self._give_up(rank, generation, f"its link could not be opened ({exc})")
+            return
+        if self._stop.is_set():
+            world.interrupt()
+            world.release()
+            return
+        seats.mark_seated(session, rank, generation)
+        self._links.add(self._link_of(rank, generation, world))
+
+    def _give_up(self, rank: int, generation: int, why: str) -> None:
+        logger.warning(
+            "AFD FFN rank %d: the server that joined as attention rank %d (generation %d) "
+            "does not take its seat: %s",
+            self._links.ffn_rank, rank, generation, why,
+        )  # fmt: skip
+        self._first_seen.pop((rank, generation), None)
+        seats.vacate(self._session, rank)
