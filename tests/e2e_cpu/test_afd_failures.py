@@ -347,8 +347,77 @@ def test_an_attention_server_can_be_replaced_against_a_running_ffn(
         log = ffn.log_path.read_text(errors="replace")
     print(f"attention tree gone {took:.1f} s after {how} ({when})")
     assert [c.token_ids for c in afd] == [c.token_ids for c in reference]
-    assert stats["rendezvous"] == 2, stats
+    # The FFN rank took the new server in on its running connector: no second rendezvous.
+    assert stats["rendezvous"] == 1 and stats["endpoint"]["attention_replacements"] == 1, stats
     assert "waits up to" in log and "new attention ranks joined" in log
+
+
+def test_replacing_one_attention_server_of_two_leaves_the_other_serving(
+    tiny_models: Path,
+    monolithic_servers: MonolithicServers,
+    vllm_cache_root: Path,
+    tmp_path: Path,
+) -> None:
+    """2A1F: attention rank 1's API process gets SIGTERM while rank 0 answers requests.
+    Rank 1's tree ends; rank 0 (the same process) keeps answering, every completion equal
+    to monolithic vLLM's, before, during and after a new server takes rank 1's seat; the
+    new server's completions equal monolithic vLLM's too."""
+    model = tiny_models / MODEL
+    reference = complete(monolithic_servers.get(model).url, PROMPTS, REPLACEMENT_TOKENS)
+    expected = [c.token_ids for c in reference]
+    spec = DeploymentSpec(
+        model=model, num_attention_ranks=2, afd_process_group_timeout_s=PEER_TIMEOUT_S
+    )
+    with LocalDeployment(spec, work_dir=tmp_path, cache_root=vllm_cache_root) as deployment:
+        first, second = deployment.attention_servers
+        (ffn,) = deployment.ffn_servers
+        for server in (first, second):
+            assert [c.token_ids for c in complete(server.url, PROMPTS, REPLACEMENT_TOKENS)] == (
+                expected
+            )
+        first_pid, second_pid = first.pid, second.pid
+        assert first_pid is not None and second_pid is not None
+        answers: list[list[list[int]]] = []
+        errors: list[BaseException] = []
+        stop = threading.Event()
+
+        def keep_asking() -> None:
+            while not stop.is_set():
+                try:
+                    completions = complete(first.url, PROMPTS, REPLACEMENT_TOKENS)
+                except BaseException as exc:
+                    errors.append(exc)
+                    return
+                answers.append([c.token_ids for c in completions])
+
+        asking = threading.Thread(target=keep_asking, daemon=True)
+        asking.start()
+        time.sleep(1.0)
+        stopped_at = time.monotonic()
+        os.kill(second_pid, signal.SIGTERM)
+        took = wait_tree_gone(second, stopped_at, SIGNAL_BOUND_S)
+        time.sleep(2.0)  # rank 0 keeps being served while rank 1's seat is empty
+        replacement = VllmServer(second.spec, tmp_path / "replacement", vllm_cache_root)
+        with replacement:
+            replacement.wait_healthy(time.monotonic() + EXIT_DEADLINE_S)
+            replaced = complete(replacement.url, PROMPTS, REPLACEMENT_TOKENS)
+            time.sleep(1.0)
+            stop.set()
+            asking.join(60)
+            (stats,) = deployment.ffn_stats()
+            assert first.running and first.pid == first_pid and first.is_healthy()
+            assert ffn.running and ffn.is_healthy(), ffn.log_tail()
+    print(
+        f"attention rank 1 gone {took:.1f} s after SIGTERM; rank 0 answered "
+        f"{len(answers)} requests meanwhile"
+    )
+    assert not errors, errors
+    assert len(answers) >= 3, answers
+    assert all(tokens == expected for tokens in answers), answers
+    assert [c.token_ids for c in replaced] == expected
+    assert stats["rendezvous"] == 1, stats
+    assert stats["endpoint"]["attention_replacements"] == 1, stats
+    assert stats["endpoint"]["linked_attention_ranks"] == [0, 1], stats
 
 
 #: The issue's bound for a signalled server's whole process tree to end.

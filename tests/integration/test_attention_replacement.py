@@ -177,12 +177,16 @@ def test_a_second_server_for_a_serving_attention_rank_fails_alone_naming_the_ran
     assert out["ffn"].ok and out["ffn"].value["attention_replacements"] == 0, out["ffn"]
 
 
-def mismatched_replacement(port: int, gone: Any) -> None:
-    """A replacement for attention rank 0 whose model has another hidden size."""
+def mismatched_replacement(port: int, gone: Any, refused: Any) -> None:
+    """A replacement for attention rank 0 whose model has another hidden size; sets
+    ``refused`` when its attempt is over."""
     assert gone.wait(60)
     wire = replace(WIRE, hidden_size=WIRE.hidden_size * 2)
-    conn = connect("attention", 0, port, 1, 1, wire=wire, idle_limit_s=IDLE_LIMIT_S)
-    conn.close()
+    try:
+        conn = connect("attention", 0, port, 1, 1, wire=wire, idle_limit_s=IDLE_LIMIT_S)
+        conn.close()
+    finally:
+        refused.set()
 
 
 def short_attention(port: int, gone: Any) -> None:
@@ -194,11 +198,11 @@ def short_attention(port: int, gone: Any) -> None:
 
 def test_a_replacement_whose_model_differs_fails_alone_and_the_seat_stays_open(ranks, port):
     ctx = ranks.context
-    gone, done, stopped = ctx.Event(), ctx.Event(), ctx.Event()
+    gone, refused, done, stopped = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Event()
     ranks.start("ffn", serve_until, port, 1, stopped)
     ranks.start("attn0", short_attention, port, gone)
-    ranks.start("attn0-bad", mismatched_replacement, port, gone)
-    ranks.start("attn0-good", replacing_attention_after, port, gone, done, stopped)
+    ranks.start("attn0-bad", mismatched_replacement, port, gone, refused)
+    ranks.start("attn0-good", replacing_attention_after, port, refused, done, stopped)
     out = ranks.join(60)
     bad = out["attn0-bad"]
     assert bad.error_type == "AFDProtocolError", bad
@@ -207,12 +211,10 @@ def test_a_replacement_whose_model_differs_fails_alone_and_the_seat_stays_open(r
     assert out["ffn"].ok and out["ffn"].value["attention_replacements"] == 1, out["ffn"]
 
 
-def replacing_attention_after(port: int, gone: Any, done: Any, stopped: Any) -> float:
-    """The good replacement, a little after the bad one; sets ``stopped`` at the end."""
-    assert gone.wait(60)
-    time.sleep(3.0)
+def replacing_attention_after(port: int, refused: Any, done: Any, stopped: Any) -> float:
+    """The good replacement, once the bad one was refused; sets ``stopped`` at the end."""
     try:
-        return replacing_attention(port, 0, 1, gone, done)
+        return replacing_attention(port, 0, 1, refused, done)
     finally:
         stopped.set()
 

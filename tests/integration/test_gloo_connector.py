@@ -497,9 +497,10 @@ def connect_graph(role: str, rank: int, port: int) -> GlooWithGraphSteps:
     return conn
 
 
-def graph_ffn(port: int, payloads: int) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+def graph_ffn(port: int, payloads: int, done: Any) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
     """FFN rank of two attention ranks: serve graph steps into caller-owned buffers until
-    ``payloads`` payloads were served; return (ranks, token counts) of every step."""
+    ``payloads`` payloads were served, then set ``done``; return (ranks, token counts) of
+    every step."""
     conn = connect_graph("ffn", 0, port)
     served: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
     try:
@@ -514,12 +515,16 @@ def graph_ffn(port: int, payloads: int) -> list[tuple[tuple[int, ...], tuple[int
                 conn.ffn.send_from(step, layer, 0, ffn_function(hidden, layer, logits))
             served.append((step.attention_ranks, step.stage_tokens(0)))
     finally:
+        done.set()
         conn.close()
     return served
 
 
-def graph_attention(port: int, rank: int, counts: list[int]) -> int:
-    """Attention rank: capture-step payloads, header-less exchanges, exact results."""
+def graph_attention(port: int, rank: int, counts: list[int], done: Any) -> int:
+    """Attention rank: capture-step payloads, header-less exchanges, exact results. It
+    closes once the FFN rank is ``done``: this world has one group, so an attention rank
+    that leaves fails the FFN rank (at its next step boundary) while the other one may
+    still have steps to send."""
     conn = connect_graph("attention", rank, port)
     exchanged = 0
     try:
@@ -539,6 +544,7 @@ def graph_attention(port: int, rank: int, counts: list[int]) -> int:
                 out = conn.attention.recv(layer, 0)
                 assert torch.equal(out, ffn_function(hidden, layer, logits)), (step, layer)
                 exchanged += 1
+        assert done.wait(30), "the FFN rank did not finish"
     finally:
         conn.close()
     return exchanged
@@ -546,9 +552,10 @@ def graph_attention(port: int, rank: int, counts: list[int]) -> int:
 
 def test_graph_steps_of_two_ranks_move_bare_tensors_exactly(ranks, port):
     counts = {0: [2, 5, 1], 1: [3, 1, 4]}
-    ranks.start("ffn", graph_ffn, port, 6)
+    done = ranks.context.Event()
+    ranks.start("ffn", graph_ffn, port, 6, done)
     for rank, steps in counts.items():
-        ranks.start(f"attn{rank}", graph_attention, port, rank, steps)
+        ranks.start(f"attn{rank}", graph_attention, port, rank, steps, done)
     out = ranks.join(45)
     assert all(o.ok for o in out.values()), out
     assert out["attn0"].value == out["attn1"].value == 3 * LAYERS

@@ -119,8 +119,9 @@ def open_p2p_links(connector: Connector, data: DataTransportFactory) -> Connecto
     :class:`~afd_core.p2p.links.LinkAcceptor`. Bounded by the AFD timeout.
     """
     config, topology = connector.config, connector.topology
-    replaceable = config.ffn_idle_limit_s > 0
-    session, generation = join_session(connector, seated=replaceable)
+    # Seats are marked only by an FFN rank that lets links go; an attention rank always
+    # looks for one, whatever its own ffn_idle_limit_s (a setting of the FFN role).
+    session, generation = join_session(connector, seated=config.role == "attention")
     if config.role == "attention":
         world = open_link(
             connector, data, session, connector.role_rank, generation, owns_session=True,
@@ -130,7 +131,7 @@ def open_p2p_links(connector: Connector, data: DataTransportFactory) -> Connecto
         ffn_rank = topology.ffn_rank_of(connector.role_rank)
         return _attention_parts(connector, world, P2pPeer(ffn_rank, FFN_ON_LINK), None)
     try:
-        return _ffn_link_parts(connector, data, session, replaceable)
+        return _ffn_link_parts(connector, data, session, config.ffn_idle_limit_s > 0)
     except BaseException:
         session.close()
         raise
@@ -172,7 +173,8 @@ def _ffn_link_parts(
     try:
         for rank in block:
             links.add_initial(link_of(rank, 0, open_world(rank, 0)))
-            seats.mark_seated(session, rank, 0)
+            if replaceable:
+                seats.mark_seated(session, rank, 0)
     except BaseException:
         links.close()
         raise
