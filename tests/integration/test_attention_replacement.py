@@ -62,14 +62,15 @@ def one_step(conn: Any, rank: int, step: int, n: int) -> None:
 
 
 def steady_attention(port: int, a: int, done: Any, stopped: Any) -> int:
-    """Attention rank 0: checked steps, one every 20 ms, until ``done``; then close and
-    set ``stopped``. Returns the steps run."""
+    """Attention rank 0: checked steps, one every 20 ms, until ``done`` and five more;
+    then close and set ``stopped``. Returns the steps run."""
     conn = connect("attention", 0, port, a, 1, idle_limit_s=IDLE_LIMIT_S)
-    steps = 0
+    steps = after_done = 0
     try:
-        while not done.is_set():
+        while after_done < 5:
             one_step(conn, 0, FIRST_STEP + steps, 1 + steps % 3)
             steps += 1
+            after_done += done.is_set()
             time.sleep(0.02)
     finally:
         conn.close()
@@ -139,35 +140,22 @@ def test_an_attention_rank_that_leaves_is_replaced_while_its_ffn_rank_serves_the
     assert out["attn1-new"].value < VACANCY_WAIT_S + 5.0
 
 
-def second_server(port: int, wire_hidden: int, delay_s: float) -> None:
-    """Another server for attention rank 0 (of a 1A1F world), ``delay_s`` after the first."""
+def second_server(port: int, delay_s: float, finished: Any) -> None:
+    """Another server for attention rank 0 (of a 1A1F world), ``delay_s`` after the first;
+    sets ``finished`` when its attempt is over."""
     time.sleep(delay_s)
-    wire = replace(WIRE, hidden_size=wire_hidden)
-    conn = connect("attention", 0, port, 1, 1, wire=wire, idle_limit_s=IDLE_LIMIT_S)
-    conn.close()
-
-
-def serving_attention(port: int, seconds: float, stopped: Any) -> int:
-    """Attention rank 0 of 1A1F: checked steps for ``seconds``; then close, set ``stopped``."""
-    conn = connect("attention", 0, port, 1, 1, idle_limit_s=IDLE_LIMIT_S)
-    end = time.monotonic() + seconds
-    steps = 0
     try:
-        while time.monotonic() < end:
-            one_step(conn, 0, FIRST_STEP + steps, 2)
-            steps += 1
-            time.sleep(0.02)
-    finally:
+        conn = connect("attention", 0, port, 1, 1, idle_limit_s=IDLE_LIMIT_S)
         conn.close()
-        stopped.set()
-    return steps
+    finally:
+        finished.set()
 
 
 def test_a_second_server_for_a_serving_attention_rank_fails_alone_naming_the_rank(ranks, port):
-    stopped = ranks.context.Event()
+    finished, stopped = ranks.context.Event(), ranks.context.Event()
     ranks.start("ffn", serve_until, port, 1, stopped)
-    ranks.start("attn0", serving_attention, port, VACANCY_WAIT_S + 6.0, stopped)
-    ranks.start("attn0-again", second_server, port, WIRE.hidden_size, 2.0)
+    ranks.start("attn0", steady_attention, port, 1, finished, stopped)
+    ranks.start("attn0-again", second_server, port, 2.0, finished)
     out = ranks.join(60)
     again = out["attn0-again"]
     assert again.error_type == "AFDProtocolError", again

@@ -128,24 +128,17 @@ class P2pFFNEndpoint(FFNEndpoint):
             )
         with_logits = self._wire.logits_width_at(layer) > 0
         row = stage * len(self._layers) + self._index[layer]
-        posted = []
-        for member in plan.members:
-            link = member.link
-            if link.lost is not None:
-                continue
-            transport, peer = link.data, link.peer
-            try:
-                transfers = [transport.post_recv(member.incoming.row(row), peer)]
-                if member.count:
-                    transfers.append(transport.post_recv(member.hidden, peer))
-                    if with_logits and member.logits is not None:
-                        transfers.append(transport.post_recv(member.logits, peer))
-            except TransferFailed as exc:
-                self._lose(member, exc, layer)
-                continue
-            posted.append((member, transfers))
-        self._wait(posted, layer)
-        for member, _ in posted:
+
+        def post(member: _Member) -> list[Transfer]:
+            transport, peer = member.link.data, member.link.peer
+            transfers = [transport.post_recv(member.incoming.row(row), peer)]
+            if member.count:
+                transfers.append(transport.post_recv(member.hidden, peer))
+                if with_logits and member.logits is not None:
+                    transfers.append(transport.post_recv(member.logits, peer))
+            return transfers
+
+        for member in self._exchange(plan, layer, post):
             if member.link.lost is None and member.incoming.checks_each_message:
                 member.incoming.check(row)
         logits = plan.logits if with_logits else None
@@ -169,21 +162,15 @@ class P2pFFNEndpoint(FFNEndpoint):
         if output.device != self._device:  # a CPU transport serving a device model
             output = output.to(self._device)
         row = stage * len(self._layers) + self._index[layer]
-        posted = []
-        for member in plan.members:
-            link = member.link
-            if link.lost is not None:
-                continue
-            transport, peer = link.data, link.peer
-            try:
-                transfers = [transport.post_send(member.outgoing.row(row), peer)]
-                if member.count:
-                    transfers.append(transport.post_send(output[member.rows], peer))
-            except TransferFailed as exc:
-                self._lose(member, exc, layer)
-                continue
-            posted.append((member, transfers))
-        self._wait(posted, layer)
+
+        def post(member: _Member) -> list[Transfer]:
+            transport, peer = member.link.data, member.link.peer
+            transfers = [transport.post_send(member.outgoing.row(row), peer)]
+            if member.count:
+                transfers.append(transport.post_send(output[member.rows], peer))
+            return transfers
+
+        self._exchange(plan, layer, post)
         self._finish_exchange(step)
 
     @guarded
@@ -213,7 +200,7 @@ class P2pFFNEndpoint(FFNEndpoint):
             link = member.link
             return [link.data.post_recv(t, link.peer) for t in targets]
 
-        self._exchange_graph(plan, layer, post)
+        self._exchange(plan, layer, post)
 
     @guarded
     def send_from(self, step: FFNStep, layer: int, stage: int, output: torch.Tensor) -> None:
@@ -223,7 +210,7 @@ class P2pFFNEndpoint(FFNEndpoint):
         def post(member: _Member) -> list[Transfer]:
             return [member.link.data.post_send(output[member.rows], member.link.peer)]
 
-        self._exchange_graph(plan, layer, post)
+        self._exchange(plan, layer, post)
 
     @guarded
     def wait_for_stream(self, what: str) -> None:
@@ -345,17 +332,22 @@ class P2pFFNEndpoint(FFNEndpoint):
 
     # Transfers -------------------------------------------------------------------------
 
-    def _exchange_graph(
+    def _exchange(
         self, plan: _StagePlan, layer: int, post: Callable[[_Member], list[Transfer]]
-    ) -> None:
-        """Graph step: ``post(member)`` for every member, then wait for all (bounded)."""
+    ) -> list[_Member]:
+        """``post(member)`` for every member whose link is not lost, then wait for all
+        (bounded); a member whose transfer fails is lost (:meth:`_lose`). Returns the
+        members that took part."""
         posted = []
         for member in plan.members:
+            if member.link.lost is not None:
+                continue
             try:
                 posted.append((member, post(member)))
             except TransferFailed as exc:
                 self._lose(member, exc, layer)
         self._wait(posted, layer)
+        return [member for member, _ in posted]
 
     def _wait(self, posted: list[tuple[_Member, list[Transfer]]], layer: int) -> None:
         """Wait (bounded) for every transfer posted, one wait per transport."""
