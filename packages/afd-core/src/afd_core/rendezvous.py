@@ -381,13 +381,12 @@ def exchange_hello(
     store = session.store
     deadline = time.monotonic() + timeout_s
     abort_key = session.key("abort")
-    generation = 0
-    replacing = False
+    generation = 0  # above 0: this rank replaces one that left a running world
+    replaceable = seated and me.role == "attention"
     try:
         joined = store.add(session.key("joined", me.role, me.role_rank), 1)
-        replaceable = seated and me.role == "attention"
         if joined > 1 and replaceable and seats.is_seated(session, me.role_rank):
-            generation, replacing = joined - 1, True
+            generation = joined - 1
             seats.claim_vacated_seat(session, me.role_rank, generation, should_stop)
         elif joined > 1:
             count = topology.num_ffn_ranks if me.role == "ffn" else topology.num_attention_ranks
@@ -412,7 +411,7 @@ def exchange_hello(
             for role, rank in arrived:
                 theirs = Hello.decode(store.get(session.key("hello", role, rank)))
                 problem = compare_hello(me, theirs)
-                if problem is not None and replacing:
+                if problem is not None and generation:
                     seats.answer(session, me.role_rank, generation, problem)
                     raise AFDProtocolError(problem)
                 if problem is not None:
@@ -435,7 +434,7 @@ def exchange_hello(
             if not arrived:
                 time.sleep(delay)
                 delay = min(delay * 2, _POLL_MAX_S)
-        if seated and me.role == "attention":
+        if replaceable:
             seats.answer(session, me.role_rank, generation, None)
     except AFDError:
         raise

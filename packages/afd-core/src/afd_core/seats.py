@@ -45,7 +45,7 @@ READY = "ready"
 _POLL_S = 0.05
 
 
-def joined_key(session: Session, rank: int) -> str:
+def _joined_key(session: Session, rank: int) -> str:
     """The join counter of attention rank ``rank``."""
     return session.key("joined", "attention", rank)
 
@@ -57,7 +57,7 @@ def vacancies(session: Session, rank: int) -> int:
 
 def joins(session: Session, rank: int) -> int:
     """Servers that joined as attention rank ``rank`` so far."""
-    return int(session.store.add(joined_key(session, rank), 0))
+    return int(session.store.add(_joined_key(session, rank), 0))
 
 
 def is_seated(session: Session, rank: int) -> bool:

@@ -1,6 +1,8 @@
 """Opening an AFD world: the rendezvous, then the control channel's and the data plane's transports.
 
-Every composed connector starts the same way (:func:`open_world`):
+Every composed connector starts the same way (:func:`open_world`: one world of every
+rank; :func:`open_link`: a world of two ranks per attention rank and its FFN rank, after
+:func:`join_session`, for connectors whose attention servers can be replaced):
 
 1. the rendezvous of :mod:`afd_core.rendezvous` (FFN rank 0 hosts the store; every rank
    publishes and compares its hello record, so mismatched peers fail here, naming both
@@ -8,15 +10,17 @@ Every composed connector starts the same way (:func:`open_world`):
 2. the control transport: a :class:`~afd_core.transport.gloo.GlooTransport` on the
    session's ``control/`` prefix (control frames live in host memory on every platform);
 3. the data transport, from the connector's :data:`DataTransportFactory` (the control
-   group under a second tag for the reference connector, NCCL for afd-connectors-gpu);
+   group under a second tag for the gloo connectors, NCCL for afd-connectors-gpu);
 4. the :class:`~afd_core.liveness.PeerWatch`: a heartbeat link to every peer. A peer
    that crashed, was killed or went silent fails the connector (its fuse) at once and
    interrupts both transports; a peer that closed its connector (said goodbye) fails it
    at the next step boundary (``Fuse.depart``), so steps in flight with other peers
    finish, and wakes the waits at a step boundary (:attr:`World.boundary_waiters`).
-   Either way the connector's ``on_peer_lost`` runs next: the role worker ends itself
-   (a wait with no deadline, such as an expert-routed follower FFN rank waiting for its
-   leader's next step, ends when the worker closes the connector).
+   (On a link the caller decides instead: an FFN rank may let the link go, see
+   :mod:`afd_core.p2p.links`.) Either way the connector's ``on_peer_lost`` runs next:
+   the role worker ends itself (a wait with no deadline, such as an expert-routed
+   follower FFN rank waiting for its leader's next step, ends when the worker closes the
+   connector).
 
 :class:`World` holds them and knows the order in which they go down.
 """
@@ -145,6 +149,9 @@ def open_world(connector: Connector, data: DataTransportFactory) -> World:
     )  # fmt: skip
 
 
+#: The FFN rank's and the attention rank's numbers on the transports of their link.
+FFN_ON_LINK, ATTENTION_ON_LINK = 0, 1
+
 #: Called by a link's peer watch: ``(link world, error)`` when its peer is lost,
 #: ``(link world, peer, error)`` when its peer said goodbye.
 LinkLost = Callable[["World", AFDPeerError], None]
@@ -175,16 +182,18 @@ def open_link(
     config, topology = connector.config, connector.topology
     timeout_s = float(config.afd_process_group_timeout_s)
     ffn_rank = topology.ffn_rank_of(attention_rank)
+    # World ranks by link rank: FFN_ON_LINK first.
     ranks = (topology.world_rank("ffn", ffn_rank), topology.world_rank("attention", attention_rank))
-    me = 0 if config.role == "ffn" else 1
+    on_ffn = config.role == "ffn"
+    me, peer = (FFN_ON_LINK, ATTENTION_ON_LINK) if on_ffn else (ATTENTION_ON_LINK, FFN_ON_LINK)
     link_session = session.link(attention_rank, generation)
     world = _open_transports(
         connector, data, link_session, session if owns_session else None, me, 2, timeout_s, ranks
     )
     return _watched(
-        connector, world, link_session, me, (1 - me,),
+        connector, world, link_session, me, (peer,),
         lambda error: on_lost(world, error),
-        lambda peer, error: on_departed(world, peer, error),
+        lambda gone, error: on_departed(world, gone, error),
     )  # fmt: skip
 
 
@@ -202,14 +211,12 @@ def _open_transports(
     that releases ``owned`` last; ``owned`` is closed when this raises."""
     try:
         control = open_gloo(namespace, "control", rank, size, timeout_s)
+        try:
+            transport = data(namespace, control, rank, size, timeout_s)
+        except BaseException:
+            control.close()
+            raise
     except BaseException:
-        if owned is not None:
-            owned.close()
-        raise
-    try:
-        transport = data(namespace, control, rank, size, timeout_s)
-    except BaseException:
-        control.close()
         if owned is not None:
             owned.close()
         raise

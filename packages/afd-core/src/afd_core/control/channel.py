@@ -21,6 +21,7 @@ import ctypes
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from afd_core.control.assembler import StepAssembler
@@ -85,6 +86,14 @@ class ControlSender:
             raise self._failures.error(exc, doing) from None
 
 
+@dataclass(frozen=True)
+class _Receiver:
+    """The thread receiving one attention rank's control frames, and its link."""
+
+    link: AttentionLink
+    thread: threading.Thread
+
+
 class ControlInbox:
     """FFN side: the control payloads of the attention ranks of ``links``.
 
@@ -101,10 +110,9 @@ class ControlInbox:
         ranks = tuple(sorted(links.current()))
         self._assembler = StepAssembler(ranks)
         self._cond = threading.Condition()
-        self._receiving: dict[int, AttentionLink] = {}
+        self._receivers: dict[int, _Receiver] = {}
         self._queues: dict[int, deque[ControlPayload]] = {a: deque() for a in ranks}
         self._errors: dict[int, AFDError] = {}
-        self._threads: dict[int, threading.Thread] = {}
         self._changed = False
         links.on_change(self._note_change)
 
@@ -121,9 +129,9 @@ class ControlInbox:
     def stop(self, join_timeout_s: float) -> None:
         """Join the receiver threads; call once the transports were interrupted."""
         self.wake()
-        for thread in self._threads.values():
-            thread.join(join_timeout_s)
-        self._threads.clear()
+        for receiver in self._receivers.values():
+            receiver.thread.join(join_timeout_s)
+        self._receivers.clear()
 
     def ready_ranks(self) -> tuple[int, ...]:
         """Attention ranks that have a payload waiting, in sender order."""
@@ -175,23 +183,23 @@ class ControlInbox:
             self._start(link)
 
     def _end_receiver(self, link: AttentionLink) -> None:
-        thread = self._threads.pop(link.rank, None)
-        if thread is not None:
-            thread.join(LOST_RECEIVER_JOIN_S)
         with self._cond:
-            self._receiving.pop(link.rank, None)
+            receiver = self._receivers.pop(link.rank, None)
+        if receiver is not None:
+            receiver.thread.join(LOST_RECEIVER_JOIN_S)
+        with self._cond:
             self._queues[link.rank].clear()
             self._errors.pop(link.rank, None)
 
     def _start(self, link: AttentionLink) -> None:
-        self._receiving[link.rank] = link
         thread = threading.Thread(
             target=self._receive,
             args=(link,),
             daemon=True,
             name=f"{self._thread_name}-a{link.rank}",
         )
-        self._threads[link.rank] = thread
+        with self._cond:
+            self._receivers[link.rank] = _Receiver(link, thread)
         thread.start()
 
     def _pop_ready(self) -> dict[int, ControlPayload]:
@@ -205,8 +213,8 @@ class ControlInbox:
         kind: bool | None = None
         ready: dict[int, ControlPayload] = {}
         for rank, queue in self._queues.items():
-            link = self._receiving.get(rank)
-            if not queue or link is None or link.lost is not None:
+            receiver = self._receivers.get(rank)
+            if not queue or receiver is None or receiver.link.lost is not None:
                 continue
             if kind is None:
                 kind = queue[0].is_graph_step

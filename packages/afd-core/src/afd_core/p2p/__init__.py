@@ -32,6 +32,8 @@ from afd_core.p2p.ffn import P2pFFNEndpoint
 from afd_core.p2p.links import AttentionLink, BlockLinks, LinkAcceptor, shared_links
 from afd_core.rendezvous import Session
 from afd_core.world import (
+    ATTENTION_ON_LINK,
+    FFN_ON_LINK,
     DataTransportFactory,
     World,
     join_session,
@@ -101,12 +103,6 @@ def _attention_parts(
     context = EndpointContext.of(connector, world)
     endpoint = P2pAttentionEndpoint(context, peer=peer, control=sender, replays=guard)
     return ConnectorParts(endpoint, (world.interrupt, world.release))
-
-
-#: The attention rank's number on its link (the FFN rank is 0).
-ATTENTION_ON_LINK = 1
-#: The FFN rank's number on a link.
-FFN_ON_LINK = 0
 
 
 def open_p2p_links(connector: Connector, data: DataTransportFactory) -> ConnectorParts:
@@ -183,6 +179,8 @@ def _ffn_link_parts(
     context = EndpointContext(connector.wire, ffn_rank, first.data, fuse, first.failures, timeout_s)
     inbox = ControlInbox(links, fuse, f"afd-control-f{ffn_rank}")
     inbox.start()
+    # A departure waits for a step boundary only when it fails the FFN rank (links not
+    # replaceable), and then no acceptor adds links: the links of the start suffice.
     for link in links.current().values():
         assert link.world is not None
         link.world.boundary_waiters.append(inbox.wake)

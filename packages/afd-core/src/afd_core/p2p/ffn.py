@@ -24,7 +24,7 @@ from afd_core.errors import AFDError, AFDProtocolError
 from afd_core.failures import guarded, guarded_until_closed, layer_of_step
 from afd_core.graphs import ReplayGuard
 from afd_core.p2p.headers import IncomingHeaders, OutgoingHeaders
-from afd_core.transport import Transfer, TransferFailed, Transport
+from afd_core.transport import Transfer, TransferFailed
 from afd_core.wire import HeaderCodec
 
 if TYPE_CHECKING:
@@ -350,20 +350,13 @@ class P2pFFNEndpoint(FFNEndpoint):
         return [member for member, _ in posted]
 
     def _wait(self, posted: list[tuple[_Member, list[Transfer]]], layer: int) -> None:
-        """Wait (bounded) for every transfer posted, one wait per transport."""
-        by_transport: dict[int, tuple[Transport, list[Transfer], list[_Member]]] = {}
-        for member, transfers in posted:
-            data = member.link.data
-            entry = by_transport.setdefault(id(data), (data, [], []))
-            entry[1].extend(transfers)
-            entry[2].append(member)
+        """Wait for every transfer posted, member by member, under one deadline."""
         deadline = time.monotonic() + self._timeout_s
-        for transport, transfers, members in by_transport.values():
+        for member, transfers in posted:
             try:
-                transport.wait_all(transfers, deadline)
+                member.link.data.wait_all(transfers, deadline)
             except TransferFailed as exc:
-                failed = next((m for m in members if m.link.peer == exc.peer), members[0])
-                self._lose(failed, exc, layer)
+                self._lose(member, exc, layer)
 
     def _lose(self, member: _Member, failure: TransferFailed, layer: int) -> None:
         """A transfer of ``member`` failed: drop it from the step when the links let its

@@ -337,7 +337,7 @@ class LinkAcceptor:
             return
         try:
             world = self._open_world(rank, generation)
-        except AFDError as exc:
+        except (AFDError, OSError) as exc:  # OSError: its liveness listener
             self._give_up(rank, generation, f"its link could not be opened ({exc})")
             return
         if self._stop.is_set():
