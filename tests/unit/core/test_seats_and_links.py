@@ -63,8 +63,9 @@ def test_seat_keys_live_in_the_session_and_links_in_namespaces_of_their_own():
     s = session()
     seats.answer(s, 1, 3, None)
     assert s.store.values["afd/s1/link/attention/1/3"] == b"ready"
-    assert s.link(1, 3).key("liveness", 0) == "afd/s1/link/a1/g3/liveness/0"
-    assert s.link(1, 3).store is s.store
+    assert s.link(1, 2, 3).key("liveness", 0) == "afd/s1/link/a1/f2/g3/liveness/0"
+    assert s.link(1, 2, 3).store is s.store
+    assert s.group("ffn").key("control") == "afd/s1/ffn/control"
 
 
 class RecordingWorld:

@@ -159,15 +159,19 @@ def test_a_payload_of_a_whole_dp_group_yields_this_ranks_counts():
     assert assembler.assemble({1: group}).tokens == ((6,),)
 
 
-def test_step_frames_carry_every_payload_of_a_step_in_a_fixed_size():
+def test_step_frames_carry_every_payload_of_a_step_and_its_generation_in_a_fixed_size():
     payloads = (payload(0, 4, 3), payload(2, 9, 1, 2))
-    frame = encode_step_frame(payloads, 3)
-    assert len(frame) == step_frame_bytes(3) == 8 + 3 * CONTROL_FRAME_BYTES
-    assert decode_step_frame(frame, 3) == payloads
+    frame = encode_step_frame(payloads, (0, 7), 3)
+    assert len(frame) == step_frame_bytes(3) == 8 + 3 * (8 + CONTROL_FRAME_BYTES)
+    assert decode_step_frame(frame, 3) == ((payloads[0], 0), (payloads[1], 7))
 
 
-def test_step_frames_of_another_size_or_count_are_refused():
-    frame = encode_step_frame((payload(0, 0, 1),), 2)
+def test_step_frames_of_another_size_count_or_generation_are_refused():
+    with pytest.raises(ValueError, match="one generation per payload"):
+        encode_step_frame((payload(0, 0, 1),), (), 2)
+    with pytest.raises(AFDProtocolError, match="generation -1"):
+        decode_step_frame(encode_step_frame((payload(0, 0, 1),), (-1,), 2), 2)
+    frame = encode_step_frame((payload(0, 0, 1),), (0,), 2)
     with pytest.raises(AFDProtocolError, match="step frame is"):
         decode_step_frame(frame, 3)
     with pytest.raises(AFDProtocolError, match="announces 0 payloads for 2"):

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from afd_connectors_gpu.nccl_transport import NcclTransport
 from afd_core.connector import Connector, ConnectorParts, WireSpec
 from afd_core.errors import AFDConfigError
-from afd_core.expert import open_expert
+from afd_core.expert import open_expert, open_expert_links
 from afd_core.expert.messages import check_packable
 from afd_core.rendezvous import Session
 from afd_core.transport import Transport
@@ -86,8 +86,16 @@ class DeepEPM2NAFDConnector(Connector):
         """Accept ``transport`` (see :class:`M2NExtraConfig`)."""
         return M2NExtraConfig.parse(raw)
 
+    @property
+    def replaces_attention_ranks(self) -> bool:
+        """True over gloo (links of their own per pair), False over NCCL (one world)."""
+        return not self._uses_nccl()
+
     def connect(self) -> ConnectorParts:
-        """Rendezvous, gloo control group, data transport, expert-routed endpoint."""
+        """Rendezvous, gloo control, data transport, expert-routed endpoint: over NCCL in
+        one world of every rank; over gloo on a link of its own per (attention rank, FFN
+        rank) pair, so that an attention server can be replaced while the FFN ranks serve
+        the others (:func:`afd_core.expert.open_expert_links`)."""
         if self._uses_nccl():
             peers = self.topology.peers_of(self.config.role, self.role_rank)
 
@@ -97,7 +105,7 @@ class DeepEPM2NAFDConnector(Connector):
                 return NcclTransport.open(session, rank, size, peers, timeout_s)
 
             return open_expert(self, data)
-        return open_expert(self, gloo_data_transport)
+        return open_expert_links(self, gloo_data_transport)
 
     def _uses_nccl(self) -> bool:
         choice = self.extra.transport

@@ -319,11 +319,15 @@ class Connector(ABC):
     """
 
     name: ClassVar[str] = ""
-    #: True when an attention rank that leaves can be replaced by a new server while the
-    #: FFN rank keeps serving the others (the FFN role then never starts a new
-    #: rendezvous; see afd_core.p2p.links). False: the FFN rank fails when an attention
-    #: rank leaves, and the FFN role starts a new rendezvous for all of them.
-    replaces_attention_ranks: ClassVar[bool] = False
+
+    @property
+    def replaces_attention_ranks(self) -> bool:
+        """True when an attention rank that leaves can be replaced by a new server while
+        the FFN ranks keep serving the others (the FFN role then never starts a new
+        rendezvous; see afd_core.p2p.links). False (this default): the FFN rank fails
+        when an attention rank leaves, and the FFN role starts a new rendezvous for all
+        of them."""
+        return False
 
     def __init__(self, config: AFDConfig, role_rank: int, wire: WireSpec) -> None:
         for dtype in (wire.dtype, wire.router_logits_dtype):

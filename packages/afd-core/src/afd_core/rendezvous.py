@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
 #: Versions of what the two roles exchange; any difference fails the rendezvous.
 PROTOCOL: dict[str, int] = {
-    "rendezvous": 1,
+    "rendezvous": 2,
     "control": ControlPayload.VERSION,
     "data": TransferHeader.VERSION,
 }
@@ -159,12 +159,17 @@ class Session:
         """``afd/<session>/<parts joined by '/'>``."""
         return "/".join(("afd", self.session_id, *map(str, parts)))
 
-    def link(self, attention_rank: int, generation: int) -> Session:
-        """The namespace of one attention rank's own link (generation ``generation``, see
-        :mod:`afd_core.seats`): its keys live under ``afd/<session>/link/a<rank>/g<gen>/``.
-        The store is this session's; closing the link's session closes nothing."""
-        link_id = f"{self.session_id}/link/a{attention_rank}/g{generation}"
-        return Session(self.store, link_id, self.address)
+    def link(self, attention_rank: int, ffn_rank: int, generation: int) -> Session:
+        """The namespace of the link of its own between an attention rank and an FFN rank
+        (generation ``generation`` of the attention rank's seat, see :mod:`afd_core.seats`):
+        its keys live under ``afd/<session>/link/a<rank>/f<rank>/g<gen>/``. The store is
+        this session's; closing the link's session closes nothing."""
+        return self.group(f"link/a{attention_rank}/f{ffn_rank}/g{generation}")
+
+    def group(self, name: str) -> Session:
+        """The namespace ``afd/<session>/<name>/`` of a group of ranks of their own (a
+        link, the FFN ranks' group); closing it closes nothing."""
+        return Session(self.store, f"{self.session_id}/{name}", self.address)
 
     def prefix_store(self, name: str) -> Store:
         """A PrefixStore for a process group created in this session."""

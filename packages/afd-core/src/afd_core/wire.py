@@ -70,22 +70,38 @@ def decode_control_frame(frame: bytes) -> ControlPayload:
     return ControlPayload.decode(bytes(frame[_LENGTH.size : _LENGTH.size + length]))
 
 
+#: One payload's entry in a step frame: the seat generation of its sender, its frame.
+STEP_ENTRY_BYTES = _LENGTH.size + CONTROL_FRAME_BYTES
+
+
 def step_frame_bytes(num_attention_ranks: int) -> int:
     """Size of a step frame (:func:`encode_step_frame`) of a world of that many attention ranks."""
-    return _LENGTH.size + num_attention_ranks * CONTROL_FRAME_BYTES
+    return _LENGTH.size + num_attention_ranks * STEP_ENTRY_BYTES
 
 
-def encode_step_frame(payloads: tuple[ControlPayload, ...], num_attention_ranks: int) -> bytes:
-    """One step's payloads as FFN rank 0 forwards them: a count, then a control frame each,
-    zero padding to :func:`step_frame_bytes`."""
-    frames = b"".join(encode_control_frame(p) for p in payloads)
-    return (_LENGTH.pack(len(payloads)) + frames).ljust(
+def encode_step_frame(
+    payloads: tuple[ControlPayload, ...],
+    generations: tuple[int, ...],
+    num_attention_ranks: int,
+) -> bytes:
+    """One step's payloads as FFN rank 0 forwards them: a count, then per payload the
+    seat generation of the server that sent it (:mod:`afd_core.seats`; 0 in a world
+    whose attention ranks are never replaced) and its control frame, zero padding to
+    :func:`step_frame_bytes`."""
+    if len(generations) != len(payloads):
+        raise ValueError("encode_step_frame: one generation per payload")
+    pairs = zip(payloads, generations, strict=True)
+    entries = b"".join(_LENGTH.pack(g) + encode_control_frame(p) for p, g in pairs)
+    return (_LENGTH.pack(len(payloads)) + entries).ljust(
         step_frame_bytes(num_attention_ranks), b"\0"
     )
 
 
-def decode_step_frame(frame: bytes, num_attention_ranks: int) -> tuple[ControlPayload, ...]:
-    """Parse :func:`encode_step_frame` output; AFDProtocolError for anything else."""
+def decode_step_frame(
+    frame: bytes, num_attention_ranks: int
+) -> tuple[tuple[ControlPayload, int], ...]:
+    """Parse :func:`encode_step_frame` output into ``(payload, generation)`` pairs;
+    AFDProtocolError for anything else."""
     if len(frame) != step_frame_bytes(num_attention_ranks):
         raise AFDProtocolError(
             f"AFD control: step frame is {len(frame)} bytes, expected "
@@ -97,13 +113,18 @@ def decode_step_frame(frame: bytes, num_attention_ranks: int) -> tuple[ControlPa
             f"AFD control: step frame announces {count} payloads for {num_attention_ranks} "
             "attention ranks; the peer does not speak this protocol"
         )
-    start = _LENGTH.size
-    return tuple(
-        decode_control_frame(
-            frame[start + i * CONTROL_FRAME_BYTES : start + (i + 1) * CONTROL_FRAME_BYTES]
-        )
-        for i in range(count)
-    )
+    entries = []
+    for i in range(count):
+        start = _LENGTH.size + i * STEP_ENTRY_BYTES
+        (generation,) = _LENGTH.unpack_from(frame, start)
+        if generation < 0:
+            raise AFDProtocolError(
+                f"AFD control: step frame names seat generation {generation}; the peer does "
+                "not speak this protocol"
+            )
+        body = frame[start + _LENGTH.size : start + STEP_ENTRY_BYTES]
+        entries.append((decode_control_frame(body), generation))
+    return tuple(entries)
 
 
 def describe_rank(topology: Topology, role: Role, role_rank: int) -> str:

@@ -1,8 +1,9 @@
 """Opening an AFD world: the rendezvous, then the control channel's and the data plane's transports.
 
 Every composed connector starts the same way (:func:`open_world`: one world of every
-rank; :func:`open_link`: a world of two ranks per attention rank and its FFN rank, after
-:func:`join_session`, for connectors whose attention servers can be replaced):
+rank; :func:`open_link`: a world of two ranks per (attention rank, FFN rank) pair, after
+:func:`join_session`, for connectors whose attention servers can be replaced, plus
+:func:`open_ffn_group` where the FFN ranks talk among themselves):
 
 1. the rendezvous of :mod:`afd_core.rendezvous` (FFN rank 0 hosts the store; every rank
    publishes and compares its hello record, so mismatched peers fail here, naming both
@@ -163,30 +164,31 @@ def open_link(
     data: DataTransportFactory,
     session: Session,
     attention_rank: int,
+    ffn_rank: int,
     generation: int,
     *,
     owns_session: bool,
     on_lost: LinkLost,
     on_departed: LinkDeparted,
 ) -> World:
-    """The link of its own between an FFN rank and attention rank ``attention_rank``.
+    """The link of its own between FFN rank ``ffn_rank`` and attention rank
+    ``attention_rank``.
 
     A world of two ranks (the FFN rank is rank 0, the attention rank rank 1) in the
-    session's namespace for this attention rank and seat ``generation``
+    session's namespace for this pair and seat ``generation``
     (:meth:`~afd_core.rendezvous.Session.link`): its own gloo control group, data
-    transport and liveness connection, so that losing it leaves every other link of the
-    FFN rank untouched. ``owns_session``: releasing the link also closes ``session``
-    (the attention side, whose only link it is). Bounded by the AFD timeout; closes what
-    it opened when it raises.
+    transport and liveness connection, so that losing it leaves every other link of
+    either rank untouched. ``owns_session``: releasing the link also closes ``session``
+    (on the attention side, for the link released last). Bounded by the AFD timeout;
+    closes what it opened when it raises.
     """
     config, topology = connector.config, connector.topology
     timeout_s = float(config.afd_process_group_timeout_s)
-    ffn_rank = topology.ffn_rank_of(attention_rank)
     # World ranks by link rank: FFN_ON_LINK first.
     ranks = (topology.world_rank("ffn", ffn_rank), topology.world_rank("attention", attention_rank))
     on_ffn = config.role == "ffn"
     me, peer = (FFN_ON_LINK, ATTENTION_ON_LINK) if on_ffn else (ATTENTION_ON_LINK, FFN_ON_LINK)
-    link_session = session.link(attention_rank, generation)
+    link_session = session.link(attention_rank, ffn_rank, generation)
     world = _open_transports(
         connector, data, link_session, session if owns_session else None, me, 2, timeout_s, ranks
     )
@@ -194,6 +196,28 @@ def open_link(
         connector, world, link_session, me, (peer,),
         lambda error: on_lost(world, error),
         lambda gone, error: on_departed(world, gone, error),
+    )  # fmt: skip
+
+
+def open_ffn_group(connector: Connector, data: DataTransportFactory, session: Session) -> World:
+    """The FFN ranks' own world (every FFN rank, none of the attention ranks), in the
+    session's ``ffn/`` namespace: its ranks are the FFN role ranks (which are also their
+    world ranks). Expert-routed connectors on links relay steps over it
+    (:mod:`afd_core.control.relay`). Losing an FFN rank fails the connector, as in a
+    world of every rank. Bounded by the AFD timeout; closes what it opened when it raises.
+    """
+    timeout_s = float(connector.config.afd_process_group_timeout_s)
+    size = connector.topology.num_ffn_ranks
+    namespace = session.group("ffn")
+    rank = connector.role_rank
+    world = _open_transports(
+        connector, data, namespace, None, rank, size, timeout_s, tuple(range(size))
+    )
+    peers = tuple(f for f in range(size) if f != rank)
+    return _watched(
+        connector, world, namespace, rank, peers,
+        lambda error: peer_lost(connector, world, error),
+        lambda peer, error: peer_departed(connector, world, peer, error),
     )  # fmt: skip
 
 
@@ -252,12 +276,15 @@ def _watched(
 
 
 def peer_lost(connector: Connector, world: World, error: AFDPeerError) -> None:
-    """The watch found a peer gone: fail the connector, wake its waits, tell its owner."""
+    """The watch found a peer gone: fail the connector, wake its waits (those on the
+    world's transports and those at step boundaries), tell its owner."""
     if connector.fuse.closed:
         return
     connector.fuse.blow(error)
     world.data.interrupt()
     world.control.interrupt()
+    for wake in world.boundary_waiters:
+        wake()
     if connector.on_peer_lost is not None:
         connector.on_peer_lost(error)
 

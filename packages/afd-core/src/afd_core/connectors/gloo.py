@@ -22,7 +22,11 @@ class P2pGlooAFDConnector(Connector):
     own per attention rank (an attention server may be replaced)."""
 
     name = "P2pGlooAFDConnector"
-    replaces_attention_ranks = True
+
+    @property
+    def replaces_attention_ranks(self) -> bool:
+        """True: every attention rank has a link of its own."""
+        return True
 
     def connect(self) -> ConnectorParts:
         """Rendezvous, then this rank's links (gloo groups) and its P2P endpoint."""

@@ -41,6 +41,25 @@ from afd_core.wire import HEADER_BYTES, HeaderCodec, raise_header_mismatch
 if TYPE_CHECKING:
     import torch
 
+    from afd_core.failures import PeerFailures
+    from afd_core.transport import Transport
+
+
+@dataclass(frozen=True)
+class FFNPeer:
+    """How the attention rank reaches one FFN rank: the data ``transport`` and the FFN
+    rank's number ``peer`` on it (one world shared by every rank, or a link of its own),
+    and how to name it in errors."""
+
+    transport: Transport
+    peer: int
+    failures: PeerFailures
+
+    @property
+    def name(self) -> str:
+        """``"FFN rank 1 (world rank 1)"``."""
+        return self.failures.describe(self.peer)
+
 
 @dataclass(slots=True)
 class _Step:
@@ -54,10 +73,12 @@ class _Step:
 class _Route:
     """What went to one FFN rank for one layer and stage, and where its answer lands."""
 
+    ffn: FFNPeer
     rows: torch.Tensor
     count: int
     reply_header: torch.Tensor
     partial: torch.Tensor | None
+    transfers: list[Transfer]
 
 
 @dataclass(slots=True)
@@ -65,7 +86,6 @@ class _InFlight:
     layer: int
     tokens: int
     routes: list[_Route]
-    transfers: list[Transfer]
     home: torch.device
 
 
@@ -84,7 +104,7 @@ class DispatchCounts:
 class ExpertAttentionEndpoint(AttentionEndpoint):
     """The attention side of the expert-routed exchange (see the module docstring).
 
-    ``ffn_world_ranks[f]`` is the world rank of FFN rank ``f``.
+    ``ffn_peers[f]`` reaches FFN rank ``f``.
     """
 
     def __init__(
@@ -92,7 +112,7 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
         context: EndpointContext,
         *,
         placement: ExpertPlacement,
-        ffn_world_ranks: tuple[int, ...],
+        ffn_peers: tuple[FFNPeer, ...],
         control: ControlSender,
     ) -> None:
         import torch
@@ -104,7 +124,7 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
             context.fuse, context.failures, context.timeout_s
         )  # fmt: skip
         self._placement = placement
-        self._ffn_world = ffn_world_ranks
+        self._ffn_peers = ffn_peers
         self._control = control
         self._dtype = getattr(torch, wire.dtype)
         self._layers = wire.exchange_layers
@@ -157,25 +177,25 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
         hidden, ids, weights = (
             t.to(device) for t in (hidden, routing.topk_ids, routing.topk_weights)
         )
-        routes, transfers = [], []
-        try:
-            for f, rows in enumerate(rows_per_rank(ids, self._owners, len(self._ffn_world))):
-                peer, count = self._ffn_world[f], int(rows.numel())
-                self.dispatched.add(f, layer, count)
-                reply_header = torch.zeros(HEADER_BYTES, dtype=torch.uint8, device=device)
-                partial = None
-                if count:
-                    partial = torch.empty((count, self._wire.hidden_size), dtype=self._dtype,
-                                          device=device)  # fmt: skip
-                sends = self._messages(step.step_id, layer, stage, f, hidden, ids, weights, rows)
-                transfers += [transport.post_send(t, peer) for t in sends]
-                transfers.append(transport.post_recv(reply_header, peer))
+        routes = []
+        for f, rows in enumerate(rows_per_rank(ids, self._owners, len(self._ffn_peers))):
+            ffn, count = self._ffn_peers[f], int(rows.numel())
+            self.dispatched.add(f, layer, count)
+            reply_header = torch.zeros(HEADER_BYTES, dtype=torch.uint8, device=device)
+            partial = None
+            if count:
+                partial = torch.empty((count, self._wire.hidden_size), dtype=self._dtype,
+                                      device=device)  # fmt: skip
+            sends = self._messages(step.step_id, layer, stage, f, hidden, ids, weights, rows)
+            try:
+                transfers = [ffn.transport.post_send(t, ffn.peer) for t in sends]
+                transfers.append(ffn.transport.post_recv(reply_header, ffn.peer))
                 if partial is not None:
-                    transfers.append(transport.post_recv(partial, peer))
-                routes.append(_Route(rows, count, reply_header, partial))
-        except TransferFailed as exc:
-            raise self._failures.error(exc, layer_of_step(layer, step.step_id)) from None
-        self._inflight[stage] = _InFlight(layer, hidden.shape[0], routes, transfers, home)
+                    transfers.append(ffn.transport.post_recv(partial, ffn.peer))
+            except TransferFailed as exc:
+                raise ffn.failures.error(exc, layer_of_step(layer, step.step_id)) from None
+            routes.append(_Route(ffn, rows, count, reply_header, partial, transfers))
+        self._inflight[stage] = _InFlight(layer, hidden.shape[0], routes, home)
 
     @guarded
     def recv(self, layer: int, stage: int) -> torch.Tensor:
@@ -184,17 +204,23 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
         assert step is not None  # a send of this step put it in flight
         transport = self._transport
         deadline = time.monotonic() + self._timeout_s
-        try:
-            transport.wait_all(inflight.transfers, deadline)
-            transport.synchronize(deadline)
-        except TransferFailed as exc:
-            raise self._failures.error(exc, layer_of_step(layer, step.step_id)) from None
+        doing = layer_of_step(layer, step.step_id)
+        for route in inflight.routes:
+            try:
+                route.ffn.transport.wait_all(route.transfers, deadline)
+            except TransferFailed as exc:
+                raise route.ffn.failures.error(exc, doing) from None
+        for ffn in {id(r.ffn.transport): r.ffn for r in inflight.routes}.values():
+            try:
+                ffn.transport.synchronize(deadline)
+            except TransferFailed as exc:
+                raise ffn.failures.error(exc, doing) from None
         parts = []
         for f, route in enumerate(inflight.routes):
             expected = self._codec.header("f2a", step.step_id, layer, stage, route.count, f)
             raw = bytes(transport.to_host(route.reply_header).tolist())
             if raw != expected.encode():
-                raise_header_mismatch(raw, expected, self._failures.describe(self._ffn_world[f]))
+                raise_header_mismatch(raw, expected, route.ffn.name)
             if route.partial is not None:
                 parts.append((route.rows, route.partial))
         step.done += 1

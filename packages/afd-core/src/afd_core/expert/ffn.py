@@ -9,6 +9,11 @@ the rows of all attention ranks concatenated with their routing in local expert 
 (:func:`~afd_core.expert.routing.localize`), and sends every attention rank a header and
 the partial result of its rows.
 
+Each attention rank's messages travel on its link (:mod:`afd_core.p2p.links`: one world
+shared by every rank, or a world of its own per pair on gloo). A lost replaceable link
+drops out of the layer in flight: its rows are empty on this FFN rank and it is sent
+nothing, while the other attention ranks of the step are served as usual.
+
 Receiving a body whose size only its header tells: on a transport that accepts a short
 message into a larger receive (gloo) header and body are one message, received into
 room for every token the sender has in the stage, so no handshake is added; otherwise
@@ -23,28 +28,36 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from afd_core.connector import ExpertRouting, FFNEndpoint, FFNLayerBatch, FFNStep
-from afd_core.control.relay import StepRelay
 from afd_core.endpoint_context import EndpointContext
 from afd_core.errors import AFDProtocolError
 from afd_core.expert.messages import body_bytes, unpack_body
 from afd_core.expert.routing import localize
 from afd_core.failures import guarded, guarded_until_closed, layer_of_step
 from afd_core.metadata import TransferHeader
-from afd_core.transport import TransferFailed
+from afd_core.transport import Transfer, TransferFailed
 from afd_core.wire import HEADER_BYTES, HeaderCodec, raise_header_mismatch
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from typing import Protocol
 
     import torch
+
+    from afd_core.control.relay import RelayedStep
+    from afd_core.p2p.links import AttentionLink, BlockLinks
+
+    class StepSource(Protocol):
+        """Where an FFN rank's steps come from (a leading or following step relay)."""
+
+        def next_step(self) -> RelayedStep | None: ...
 
 
 @dataclass(slots=True)
 class _Source:
-    """One attention rank of a layer: its routed rows and where they came from."""
+    """One attention rank of a layer: its link (None: absent here), routed rows and
+    where they lie in the layer's input."""
 
     rank: int
-    peer: int
+    link: AttentionLink | None
     step_id: int
     rows: int
     offset: int
@@ -61,8 +74,8 @@ class ReceivedRows:
 class ExpertFFNEndpoint(FFNEndpoint):
     """The FFN side of the expert-routed exchange (see the module docstring).
 
-    ``senders`` maps every attention rank to its world rank; ``block`` is this rank's
-    experts (global ids).
+    ``links`` reach every attention rank; ``block`` is this rank's experts (global ids);
+    ``relay`` gives the steps and the link of each rank of a step.
     """
 
     def __init__(
@@ -70,8 +83,8 @@ class ExpertFFNEndpoint(FFNEndpoint):
         context: EndpointContext,
         *,
         block: range,
-        senders: Mapping[int, int],
-        relay: StepRelay,
+        links: BlockLinks,
+        relay: StepSource,
     ) -> None:
         import torch
 
@@ -82,8 +95,9 @@ class ExpertFFNEndpoint(FFNEndpoint):
             context.fuse, context.failures, context.timeout_s
         )  # fmt: skip
         self._block = block
-        self._senders = dict(senders)
+        self._links = links
         self._relay = relay
+        self._step: RelayedStep | None = None
         self._dtype = getattr(torch, wire.dtype)
         self._layers = wire.exchange_layers
         self._codec = HeaderCodec(wire)
@@ -98,7 +112,9 @@ class ExpertFFNEndpoint(FFNEndpoint):
 
     @guarded_until_closed
     def next_step(self) -> FFNStep | None:
-        return self._relay.next_step()
+        relayed = self._relay.next_step()
+        self._step = relayed
+        return None if relayed is None else relayed.step
 
     @guarded
     def recv(self, step: FFNStep, layer: int, stage: int) -> FFNLayerBatch:
@@ -106,42 +122,45 @@ class ExpertFFNEndpoint(FFNEndpoint):
             raise AFDProtocolError(
                 f"AFD: layer {layer} is not an exchange (MoE) layer of the wire spec {self._layers}"
             )
-        torch, transport, wire = self._torch, self._transport, self._wire
+        relayed = self._step
+        if relayed is None or relayed.step is not step:
+            raise AFDProtocolError(
+                f"AFD: FFN rank {self._role_rank} received a step its next_step() did not give"
+            )
         deadline = time.monotonic() + self._timeout_s
-        inline = transport.accepts_short_messages
-        messages, transfers = [], []
-        try:
-            for rank, counts in zip(step.attention_ranks, step.tokens, strict=True):
-                if inline:  # header and body in one message, room for every token
-                    room = HEADER_BYTES + body_bytes(counts[stage], wire)
-                    message = self._body(rank, stage, room)
+        inline = self._transport.accepts_short_messages
+        posted: list[tuple[_Source, torch.Tensor, list[Transfer]]] = []
+        for rank, payload, counts, link in zip(
+            step.attention_ranks, step.payloads, step.tokens, relayed.links, strict=True
+        ):
+            source = _Source(rank, link, payload.step_id, 0, 0)
+            if link is None or link.lost is not None:
+                posted.append((source, self._empty_message(), []))
+                continue
+            if inline:  # header and body in one message, room for every token
+                room = HEADER_BYTES + body_bytes(counts[stage], self._wire)
+                message = self._body(rank, stage, room)
+            else:
+                message = self._torch.zeros(HEADER_BYTES, dtype=self._torch.uint8,
+                                            device=self._transport.device)  # fmt: skip
+            transfers = self._post(source, layer, [message], receive=True)
+            posted.append((source, message, transfers))
+        sources, parts, offset = [], [], 0
+        for (source, message, transfers), counts in zip(posted, step.tokens, strict=True):
+            link = source.link
+            if link is not None and link.lost is None and self._wait(source, transfers, layer,
+                                                                      deadline):  # fmt: skip
+                source.rows = self._check_header(message[:HEADER_BYTES], link, source.step_id,
+                                                 layer, stage, counts[stage])  # fmt: skip
+            if source.rows:
+                part = self._body_of(source, message, stage, layer, deadline, inline)
+                if part is None:
+                    source.rows = 0
                 else:
-                    message = torch.zeros(HEADER_BYTES, dtype=torch.uint8, device=transport.device)
-                messages.append(message)
-                transfers.append(transport.post_recv(message, self._senders[rank]))
-            transport.wait_all(transfers, deadline)
-            sources, parts, offset = [], [], 0
-            for rank, payload, counts, message in zip(
-                step.attention_ranks, step.payloads, step.tokens, messages, strict=True
-            ):
-                rows = self._check_header(message[:HEADER_BYTES], rank, payload.step_id, layer,
-                                          stage, counts[stage])  # fmt: skip
-                sources.append(_Source(rank, self._senders[rank], payload.step_id, rows, offset))
-                offset += rows
-                if not rows:
-                    continue
-                nbytes = body_bytes(rows, wire)
-                if inline:
-                    body = message[HEADER_BYTES : HEADER_BYTES + nbytes]
-                else:  # exact sizes: the body's receive follows its header
-                    body = self._body(rank, stage, nbytes)
-                    transport.wait(transport.post_recv(body, self._senders[rank]), deadline)
-                    transport.synchronize(deadline)
-                parts.append(unpack_body(body, rows, wire))
-        except TransferFailed as exc:
-            raise self._failures.error(
-                exc, layer_of_step(layer, step.payloads[0].step_id)
-            ) from None
+                    parts.append(part)
+            source.offset = offset
+            offset += source.rows
+            sources.append(source)
         hidden, ids, weights = self._concat(parts)
         local_ids, local_weights = localize(ids, weights, self._block)
         self._sources[stage] = sources
@@ -170,40 +189,124 @@ class ExpertFFNEndpoint(FFNEndpoint):
                 f"AFD: output is {tuple(output.shape)} {output.dtype}, the routed rows say "
                 f"({rows}, {size}) {self._dtype}"
             )
-        transport = self._transport
-        if output.device != transport.device:
-            output = output.to(transport.device)
-        transfers = []
-        try:
-            for source in sources:
-                header = self._reply_header(source, batch.layer, batch.stage)
-                transfers.append(transport.post_send(header, source.peer))
-                if source.rows:
-                    part = output[source.offset : source.offset + source.rows]
-                    transfers.append(transport.post_send(part, source.peer))
-            deadline = time.monotonic() + self._timeout_s
-            transport.wait_all(transfers, deadline)
-            transport.synchronize(deadline)
-        except TransferFailed as exc:
-            doing = layer_of_step(batch.layer, sources[0].step_id)
-            raise self._failures.error(exc, doing) from None
+        if output.device != self._transport.device:
+            output = output.to(self._transport.device)
+        posted = []
+        for source in sources:
+            link = source.link
+            if link is None or link.lost is not None:
+                continue
+            messages = [self._reply_header(source, batch.layer, batch.stage)]
+            if source.rows:
+                messages.append(output[source.offset : source.offset + source.rows])
+            posted.append((source, self._post(source, batch.layer, messages, receive=False)))
+        deadline = time.monotonic() + self._timeout_s
+        for source, transfers in posted:
+            self._wait(source, transfers, batch.layer, deadline)
+        for transport in {id(s.link.data): s.link.data for s, _ in posted if s.link}.values():
+            try:
+                transport.synchronize(deadline)
+            except TransferFailed as exc:
+                doing = layer_of_step(batch.layer, sources[0].step_id)
+                raise self._failures.error(exc, doing) from None
 
     def stats(self) -> dict[str, object]:
-        """``{"expert_block": [first, last + 1], "received_rows": {layer: rows}}``."""
+        """``{"expert_block": [first, last + 1], "received_rows": {layer: rows},
+        "linked_attention_ranks": [...], "attention_replacements": n}``."""
+        linked = sorted(r for r, link in self._links.current().items() if link.lost is None)
         return {
             "expert_block": [self._block.start, self._block.stop],
             "received_rows": dict(self.received.rows),
+            "linked_attention_ranks": linked,
+            "attention_replacements": self._links.replacements,
         }
 
+    # Transfers -------------------------------------------------------------------------
+
+    def _post(
+        self, source: _Source, layer: int, tensors: list[torch.Tensor], *, receive: bool
+    ) -> list[Transfer]:
+        """Post a receive (or a send) of each of ``tensors`` on ``source``'s link; a link
+        that fails is lost (:meth:`_lose`)."""
+        link = source.link
+        assert link is not None
+        post = link.data.post_recv if receive else link.data.post_send
+        try:
+            return [post(tensor, link.peer) for tensor in tensors]
+        except TransferFailed as exc:
+            self._lose(source, exc, layer)
+            return []
+
+    def _wait(
+        self, source: _Source, transfers: list[Transfer], layer: int, deadline: float
+    ) -> bool:
+        """Wait for ``transfers`` of ``source``'s link; False when the link was lost."""
+        link = source.link
+        if link is None or link.lost is not None:
+            return False
+        try:
+            link.data.wait_all(transfers, deadline)
+        except TransferFailed as exc:
+            self._lose(source, exc, layer)
+            return False
+        return True
+
+    def _lose(self, source: _Source, failure: TransferFailed, layer: int) -> None:
+        """A transfer of ``source`` failed: its rank drops out of the layer when the links
+        let its link go (no rows here, nothing sent back), else raise the error."""
+        link = source.link
+        assert link is not None
+        error = link.failures.error(failure, layer_of_step(layer, source.step_id))
+        if not self._links.lose(link, error):
+            raise error from None
+        source.rows = 0
+
+    def _body_of(
+        self,
+        source: _Source,
+        message: torch.Tensor,
+        stage: int,
+        layer: int,
+        deadline: float,
+        inline: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """``source``'s routed rows: in ``message`` (inline) or received now (exact sizes);
+        None when its link was lost meanwhile."""
+        nbytes = body_bytes(source.rows, self._wire)
+        if inline:
+            body = message[HEADER_BYTES : HEADER_BYTES + nbytes]
+        else:  # exact sizes: the body's receive follows its header
+            link = source.link
+            assert link is not None
+            body = self._body(source.rank, stage, nbytes)
+            transfers = self._post(source, layer, [body], receive=True)
+            if not self._wait(source, transfers, layer, deadline):
+                return None
+            try:
+                link.data.synchronize(deadline)
+            except TransferFailed as exc:
+                self._lose(source, exc, layer)
+                return None
+        return unpack_body(body, source.rows, self._wire)
+
+    def _empty_message(self) -> torch.Tensor:
+        return self._torch.zeros(HEADER_BYTES, dtype=self._torch.uint8)
+
     def _check_header(
-        self, header: torch.Tensor, rank: int, step_id: int, layer: int, stage: int, room: int
+        self,
+        header: torch.Tensor,
+        link: AttentionLink,
+        step_id: int,
+        layer: int,
+        stage: int,
+        room: int,
     ) -> int:
         """The routed row count a received header announces, after checking the rest."""
         raw = bytes(self._transport.to_host(header).tolist())
         received = TransferHeader.decode(raw)
-        expected = self._codec.header("a2f", step_id, layer, stage, received.num_tokens, rank,
-                                      topk=self._wire.top_k)  # fmt: skip
-        sender = self._failures.describe(self._senders[rank])
+        expected = self._codec.header("a2f", step_id, layer, stage, received.num_tokens,
+                                      link.rank, topk=self._wire.top_k)  # fmt: skip
+        sender = link.name
         raise_header_mismatch(raw, expected, sender)
         if received.num_tokens > room:
             raise AFDProtocolError(

@@ -21,18 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from afd_core import seats
 from afd_core.connector import Connector, ConnectorParts
 from afd_core.control.channel import ControlInbox, ControlSender
 from afd_core.endpoint_context import EndpointContext
-from afd_core.errors import AFDPeerError
 from afd_core.graphs import ReplayGuard
 from afd_core.p2p.attention import P2pAttentionEndpoint, P2pPeer
 from afd_core.p2p.ffn import P2pFFNEndpoint
-from afd_core.p2p.links import AttentionLink, BlockLinks, LinkAcceptor, shared_links
+from afd_core.p2p.links import BlockLinks, LinkAcceptor, open_ffn_links, shared_links
 from afd_core.rendezvous import Session
 from afd_core.world import (
-    ATTENTION_ON_LINK,
     FFN_ON_LINK,
     DataTransportFactory,
     World,
@@ -119,12 +116,13 @@ def open_p2p_links(connector: Connector, data: DataTransportFactory) -> Connecto
     # looks for one, whatever its own ffn_idle_limit_s (a setting of the FFN role).
     session, generation = join_session(connector, seated=config.role == "attention")
     if config.role == "attention":
+        ffn_rank = topology.ffn_rank_of(connector.role_rank)
         world = open_link(
-            connector, data, session, connector.role_rank, generation, owns_session=True,
+            connector, data, session, connector.role_rank, ffn_rank, generation,
+            owns_session=True,
             on_lost=lambda w, error: peer_lost(connector, w, error),
             on_departed=lambda w, peer, error: peer_departed(connector, w, peer, error),
         )  # fmt: skip
-        ffn_rank = topology.ffn_rank_of(connector.role_rank)
         return _attention_parts(connector, world, P2pPeer(ffn_rank, FFN_ON_LINK), None)
     try:
         return _ffn_link_parts(connector, data, session, config.ffn_idle_limit_s > 0)
@@ -136,44 +134,12 @@ def open_p2p_links(connector: Connector, data: DataTransportFactory) -> Connecto
 def _ffn_link_parts(
     connector: Connector, data: DataTransportFactory, session: Session, replaceable: bool
 ) -> ConnectorParts:
-    config, topology, fuse = connector.config, connector.topology, connector.fuse
+    config, fuse = connector.config, connector.fuse
     ffn_rank = connector.role_rank
-    block = tuple(topology.block_of(ffn_rank))
-    links = BlockLinks(
-        ffn_rank, [], replaceable=replaceable, session=session,
-        idle_limit_s=float(config.ffn_idle_limit_s),
-    )  # fmt: skip
-
-    def lost(world: World, error: AFDPeerError) -> None:
-        link = _link_of_world(links, world)
-        if link is None or not links.lose(link, error):
-            links.interrupt()  # the FFN rank fails: every wait on every link ends
-            peer_lost(connector, world, error)
-
-    def departed(world: World, peer: int, error: AFDPeerError) -> None:
-        link = _link_of_world(links, world)
-        if link is None or not links.lose(link, error):
-            peer_departed(connector, world, peer, error)
-
-    def open_world(rank: int, generation: int) -> World:
-        return open_link(
-            connector, data, session, rank, generation, owns_session=False,
-            on_lost=lost, on_departed=departed,
-        )  # fmt: skip
-
-    def link_of(rank: int, generation: int, world: World) -> AttentionLink:
-        return AttentionLink(
-            rank, ATTENTION_ON_LINK, world.control, world.data, world.failures, generation, world
-        )
-
-    try:
-        for rank in block:
-            links.add_initial(link_of(rank, 0, open_world(rank, 0)))
-            if replaceable:
-                seats.mark_seated(session, rank, 0)
-    except BaseException:
-        links.close()
-        raise
+    block = tuple(connector.topology.block_of(ffn_rank))
+    links, open_one = open_ffn_links(
+        connector, data, session, block, replaceable=replaceable, owns_seats=True
+    )
     timeout_s = float(config.afd_process_group_timeout_s)
     first = links.get(block[0])  # every link's transports are alike: the context's
     context = EndpointContext(connector.wire, ffn_rank, first.data, fuse, first.failures, timeout_s)
@@ -187,12 +153,8 @@ def _ffn_link_parts(
     endpoint = P2pFFNEndpoint(context, links=links, inbox=inbox)
     shutdown: list[Callable[[], None]] = []
     if replaceable:
-        acceptor = LinkAcceptor(links, session, block, open_world, link_of, timeout_s)
+        acceptor = LinkAcceptor(links, session, block, open_one, timeout_s)
         acceptor.start()
         shutdown.append(lambda: acceptor.stop(JOIN_TIMEOUT_S))
     shutdown += [links.interrupt, lambda: inbox.stop(JOIN_TIMEOUT_S), links.close, session.close]
     return ConnectorParts(endpoint, tuple(shutdown))
-
-
-def _link_of_world(links: BlockLinks, world: World) -> AttentionLink | None:
-    return next((link for link in links.current().values() if link.world is world), None)

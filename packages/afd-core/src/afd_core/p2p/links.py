@@ -35,10 +35,11 @@ from afd_core import seats
 from afd_core.errors import AFDError, AFDPeerError
 
 if TYPE_CHECKING:
+    from afd_core.connector import Connector
     from afd_core.failures import PeerFailures
     from afd_core.rendezvous import Session
     from afd_core.transport import Transport
-    from afd_core.world import World
+    from afd_core.world import DataTransportFactory, World
 
 # A child of vLLM's logger, so vLLM's logging config applies in a server.
 logger = logging.getLogger(f"vllm.{__name__}")
@@ -92,7 +93,9 @@ class BlockLinks:
 
     ``replaceable``: losing a link lets it go instead of failing the FFN rank; then
     ``session`` (the rendezvous session, for the seat records) is required and
-    ``idle_limit_s`` bounds the time without any linked attention rank.
+    ``idle_limit_s`` bounds the time without any linked attention rank. ``owns_seats``:
+    this FFN rank vacates the seat of a link it releases (False on an expert-routed
+    follower: FFN rank 0 keeps the seats of every attention rank).
     """
 
     def __init__(
@@ -103,11 +106,13 @@ class BlockLinks:
         replaceable: bool = False,
         session: Session | None = None,
         idle_limit_s: float = 0.0,
+        owns_seats: bool = True,
     ) -> None:
         if replaceable and session is None:
             raise ValueError("BlockLinks: replaceable links need the rendezvous session")
         self.ffn_rank = ffn_rank
         self.replaceable = replaceable
+        self.owns_seats = owns_seats
         self._session = session
         self._idle_limit_s = idle_limit_s
         self._lock = threading.Lock()
@@ -131,6 +136,11 @@ class BlockLinks:
         """The link of attention rank ``rank``."""
         with self._lock:
             return self._links[rank]
+
+    def of_world(self, world: World) -> AttentionLink | None:
+        """The link whose own world ``world`` is (None: not one of these links)."""
+        with self._lock:
+            return next((link for link in self._links.values() if link.world is world), None)
 
     def holds(self, rank: int) -> bool:
         """Whether ``rank`` has a link (live or not yet released)."""
@@ -182,7 +192,8 @@ class BlockLinks:
     def settle(
         self, before_release: Callable[[AttentionLink], None]
     ) -> tuple[list[AttentionLink], list[AttentionLink]]:
-        """At a step boundary (FFN loop): release the lost links and vacate their seats.
+        """At a step boundary (FFN loop): release the lost links and vacate their seats
+        (where this FFN rank owns them).
 
         ``before_release(link)`` runs first for each (the inbox ends its receiver thread).
         Returns the links added and released since the last call.
@@ -194,7 +205,8 @@ class BlockLinks:
             assert link.world is not None
             link.world.release()
             session = self._session
-            if session is None:  # closed meanwhile: close() released every link
+            if session is None or not self.owns_seats:  # closed meanwhile, or not ours
+                self._drop(link)
                 continue
             try:
                 seats.vacate(session, link.rank)  # before the link goes: see LinkAcceptor
@@ -204,10 +216,13 @@ class BlockLinks:
                     "rendezvous store (%s); no server can replace it",
                     self.ffn_rank, link.rank, exc,
                 )  # fmt: skip
-            with self._lock:
-                if self._links.get(link.rank) is link:
-                    del self._links[link.rank]
+            self._drop(link)
         return changes.added, changes.lost
+
+    def _drop(self, link: AttentionLink) -> None:
+        with self._lock:
+            if self._links.get(link.rank) is link:
+                del self._links[link.rank]
 
     def idle_error(self) -> AFDPeerError | None:
         """The failure of an FFN rank without linked attention ranks past its idle limit."""
@@ -258,37 +273,92 @@ class BlockLinks:
             wake()
 
 
-#: Opens the link world of ``(attention rank, generation)`` on the FFN side.
-LinkOpener = Callable[[int, int], "World"]
-#: Turns an open link world into the FFN side's AttentionLink.
-LinkOf = Callable[[int, int, "World"], AttentionLink]
+#: Opens the FFN side's link with ``(attention rank, generation)``.
+LinkOpener = Callable[[int, int], AttentionLink]
+
+
+def open_ffn_links(
+    connector: Connector,
+    data: DataTransportFactory,
+    session: Session,
+    ranks: tuple[int, ...],
+    *,
+    replaceable: bool,
+    owns_seats: bool,
+) -> tuple[BlockLinks, LinkOpener]:
+    """The FFN rank's links of its own (:func:`afd_core.world.open_link`) with every
+    attention rank of ``ranks``, generation 0, and how to open a later generation's.
+
+    ``replaceable``: a link whose attention rank is lost or leaves is let go (see
+    :class:`BlockLinks`); otherwise that fails the FFN rank, as in a world of every rank.
+    ``owns_seats``: this FFN rank keeps the seat records of ``ranks`` (marks them seated
+    here, vacates them when it lets a link go); exactly one FFN rank owns each seat.
+    Bounded by the AFD timeout; closes what it opened when it raises.
+    """
+    from afd_core.world import ATTENTION_ON_LINK, open_link, peer_departed, peer_lost
+
+    ffn_rank = connector.role_rank
+    links = BlockLinks(
+        ffn_rank, [], replaceable=replaceable, session=session,
+        idle_limit_s=float(connector.config.ffn_idle_limit_s), owns_seats=owns_seats,
+    )  # fmt: skip
+
+    def lost(world: World, error: AFDPeerError) -> None:
+        link = links.of_world(world)
+        if link is None or not links.lose(link, error):
+            links.interrupt()  # the FFN rank fails: every wait on every link ends
+            peer_lost(connector, world, error)
+
+    def departed(world: World, peer: int, error: AFDPeerError) -> None:
+        link = links.of_world(world)
+        if link is None or not links.lose(link, error):
+            peer_departed(connector, world, peer, error)
+
+    def open_one(rank: int, generation: int) -> AttentionLink:
+        world = open_link(
+            connector, data, session, rank, ffn_rank, generation, owns_session=False,
+            on_lost=lost, on_departed=departed,
+        )  # fmt: skip
+        return AttentionLink(
+            rank, ATTENTION_ON_LINK, world.control, world.data, world.failures, generation, world
+        )
+
+    try:
+        for rank in ranks:
+            links.add_initial(open_one(rank, 0))
+            if replaceable and owns_seats:
+                seats.mark_seated(session, rank, 0)
+    except BaseException:
+        links.close()
+        raise
+    return links, open_one
 
 
 class LinkAcceptor:
-    """FFN side: opens the link of each server that takes a vacated seat of the block.
+    """FFN side: opens the link of each server that takes a vacated seat of ``ranks``.
 
     A daemon thread looks at the seat records every :data:`ACCEPT_POLL_S`. For a rank of
-    ``block`` without a link whose next generation has joined, it waits for that
-    claimant's answer (bounded by ``timeout_s`` from the join): ``ready`` opens the link
-    (``open_world``, bounded by the AFD timeout) and hands it to ``links``; a refusal, a
-    claimant that never answers or a link that cannot be opened vacates the seat again,
-    with a warning in the log, so the next server may take it.
+    ``ranks`` without a link whose next generation has joined, it waits for that
+    claimant's answer: ``ready`` opens the link (``open_link``, bounded by the AFD
+    timeout) and hands it to ``links``. Where ``links`` own the seats it also marks the
+    seat taken and, for a refusal, a claimant that gives no answer within ``timeout_s``
+    of the join or a link that cannot be opened, vacates the seat again with a warning in
+    the log, so the next server may take it; an FFN rank that does not own the seats
+    (an expert-routed follower) leaves those cases to the one that does.
     """
 
     def __init__(
         self,
         links: BlockLinks,
         session: Session,
-        block: tuple[int, ...],
-        open_world: LinkOpener,
-        link_of: LinkOf,
+        ranks: tuple[int, ...],
+        open_link: LinkOpener,
         timeout_s: float,
     ) -> None:
         self._links = links
         self._session = session
-        self._block = block
-        self._open_world = open_world
-        self._link_of = link_of
+        self._ranks = ranks
+        self._open_link = open_link
         self._timeout_s = timeout_s
         self._stop = threading.Event()
         self._first_seen: dict[tuple[int, int], float] = {}
@@ -308,7 +378,7 @@ class LinkAcceptor:
 
     def _run(self) -> None:
         while not self._stop.wait(ACCEPT_POLL_S):
-            for rank in self._block:
+            for rank in self._ranks:
                 if self._stop.is_set():
                     return
                 try:
@@ -321,7 +391,7 @@ class LinkAcceptor:
     def _look_at(self, rank: int) -> None:
         if self._links.holds(rank):
             return
-        session = self._session
+        session, owns_seats = self._session, self._links.owns_seats
         generation = seats.vacancies(session, rank)
         if seats.joins(session, rank) <= generation:
             return  # nobody claims the seat
@@ -329,23 +399,33 @@ class LinkAcceptor:
         key = (rank, generation)
         if answer is None:
             first = self._first_seen.setdefault(key, time.monotonic())
-            if time.monotonic() - first > self._timeout_s:
+            if owns_seats and time.monotonic() - first > self._timeout_s:
                 self._give_up(rank, generation, f"it gave no answer within {self._timeout_s:g} s")
             return
         if answer != seats.READY:
-            self._give_up(rank, generation, answer)
+            if owns_seats:
+                self._give_up(rank, generation, answer)
             return
         try:
-            world = self._open_world(rank, generation)
+            link = self._open_link(rank, generation)
         except (AFDError, OSError) as exc:  # OSError: its liveness listener
-            self._give_up(rank, generation, f"its link could not be opened ({exc})")
+            if owns_seats:
+                self._give_up(rank, generation, f"its link could not be opened ({exc})")
+            else:
+                logger.warning(
+                    "AFD FFN rank %d: the link with attention rank %d (generation %d) could "
+                    "not be opened (%s); FFN rank 0 decides whether the seat is given up",
+                    self._links.ffn_rank, rank, generation, exc,
+                )  # fmt: skip
             return
         if self._stop.is_set():
-            world.interrupt()
-            world.release()
+            assert link.world is not None
+            link.world.interrupt()
+            link.world.release()
             return
-        seats.mark_seated(session, rank, generation)
-        self._links.add(self._link_of(rank, generation, world))
+        if owns_seats:
+            seats.mark_seated(session, rank, generation)
+        self._links.add(link)
 
     def _give_up(self, rank: int, generation: int, why: str) -> None:
         logger.warning(
