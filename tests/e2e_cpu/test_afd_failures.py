@@ -352,25 +352,39 @@ def test_an_attention_server_can_be_replaced_against_a_running_ffn(
     assert "waits up to" in log and "new attention ranks joined" in log
 
 
+@pytest.mark.parametrize(
+    ("connector", "num_ffn_ranks"),
+    [("P2pGlooAFDConnector", 1), ("DeepEPM2NAFDConnector", 2)],
+    ids=["p2p-2A1F", "expert-routed-2A2F"],
+)
 def test_replacing_one_attention_server_of_two_leaves_the_other_serving(
+    connector: str,
+    num_ffn_ranks: int,
     tiny_models: Path,
     monolithic_servers: MonolithicServers,
     vllm_cache_root: Path,
     tmp_path: Path,
 ) -> None:
-    """2A1F: attention rank 1's API process gets SIGTERM while rank 0 answers requests.
-    Rank 1's tree ends; rank 0 (the same process) keeps answering, every completion equal
-    to monolithic vLLM's, before, during and after a new server takes rank 1's seat; the
-    new server's completions equal monolithic vLLM's too."""
+    """2A1F over P2P, 2A2F expert-routed (each FFN rank its own server): attention rank
+    1's API process gets SIGTERM while rank 0 answers requests. Rank 1's tree ends; rank
+    0 (the same process) keeps answering, every completion equal to monolithic vLLM's,
+    before, during and after a new server takes rank 1's seat; the new server's
+    completions equal monolithic vLLM's too, and every FFN server kept its first
+    rendezvous."""
     model = tiny_models / MODEL
     reference = complete(monolithic_servers.get(model).url, PROMPTS, REPLACEMENT_TOKENS)
     expected = [c.token_ids for c in reference]
     spec = DeploymentSpec(
-        model=model, num_attention_ranks=2, afd_process_group_timeout_s=PEER_TIMEOUT_S
+        model=model,
+        num_attention_ranks=2,
+        num_ffn_ranks=num_ffn_ranks,
+        connector=connector,
+        compute_gate_on_attention=connector == "DeepEPM2NAFDConnector",
+        afd_process_group_timeout_s=PEER_TIMEOUT_S,
     )
     with LocalDeployment(spec, work_dir=tmp_path, cache_root=vllm_cache_root) as deployment:
         first, second = deployment.attention_servers
-        (ffn,) = deployment.ffn_servers
+        ffn_servers = deployment.ffn_servers
         for server in (first, second):
             assert [c.token_ids for c in complete(server.url, PROMPTS, REPLACEMENT_TOKENS)] == (
                 expected
@@ -404,20 +418,23 @@ def test_replacing_one_attention_server_of_two_leaves_the_other_serving(
             time.sleep(1.0)
             stop.set()
             asking.join(60)
-            (stats,) = deployment.ffn_stats()
+            all_stats = deployment.ffn_stats()
             assert first.running and first.pid == first_pid and first.is_healthy()
-            assert ffn.running and ffn.is_healthy(), ffn.log_tail()
+            for ffn in ffn_servers:
+                assert ffn.running and ffn.is_healthy(), ffn.log_tail()
     print(
-        f"attention rank 1 gone {took:.1f} s after SIGTERM; rank 0 answered "
+        f"{connector}: attention rank 1 gone {took:.1f} s after SIGTERM; rank 0 answered "
         f"{len(answers)} requests meanwhile"
     )
     assert not errors, errors
     assert len(answers) >= 3, answers
     assert all(tokens == expected for tokens in answers), answers
     assert [c.token_ids for c in replaced] == expected
-    assert stats["rendezvous"] == 1, stats
-    assert stats["endpoint"]["attention_replacements"] == 1, stats
-    assert stats["endpoint"]["linked_attention_ranks"] == [0, 1], stats
+    assert len(all_stats) == num_ffn_ranks
+    for stats in all_stats:
+        assert stats["rendezvous"] == 1, stats
+        assert stats["endpoint"]["attention_replacements"] == 1, stats
+        assert stats["endpoint"]["linked_attention_ranks"] == [0, 1], stats
 
 
 #: The issue's bound for a signalled server's whole process tree to end.

@@ -37,7 +37,11 @@ WIRE = WireSpec(
 STEPS = 3
 
 
-def connect(role: str, rank: int, port: int, a: int, f: int, timeout_s: int = 20) -> Any:
+def connect(
+    role: str, rank: int, port: int, a: int, f: int, timeout_s: int = 20, idle_limit_s: int = 0
+) -> Any:
+    """``idle_limit_s`` 0 (these tests' default): an attention rank that leaves fails the
+    FFN ranks; above 0 they let its links go and accept a replacement."""
     config = AFDConfig(
         role=role,  # type: ignore[arg-type]
         connector="DeepEPM2NAFDConnector",
@@ -48,6 +52,7 @@ def connect(role: str, rank: int, port: int, a: int, f: int, timeout_s: int = 20
         compute_gate_on_attention=True,
         connector_extra_config={"transport": "gloo"},
         exchange="expert",
+        ffn_idle_limit_s=idle_limit_s,
     )
     conn = DeepEPM2NAFDConnector(config, rank, WIRE)
     conn.initialize()
