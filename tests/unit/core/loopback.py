@@ -3,8 +3,10 @@
 ``LoopbackTransport`` implements afd-core's transport contract in memory: a send is
 delivered to the peer's queue at once (a copy of its bytes), a receive takes the next
 message of that peer when waited for. Like gloo, it refuses a message larger than the
-receive (gloo would abort the process) and accepts a shorter one. Closing a rank's
-transport wakes its own waits ("interrupted") and its peers' ("peer_closed").
+receive (gloo would abort the process) and accepts a shorter one;
+``ExactLoopbackTransport`` accepts only a message of the receive's exact size, as NCCL
+does, so the endpoints' exact-size paths run on a CPU too. Closing a rank's transport
+wakes its own waits ("interrupted") and its peers' ("peer_closed").
 
 ``loopback_connectors(a, f, wire)`` builds real composed connectors (afd-core's control
 channel and endpoints) whose world is a loopback fabric instead of a rendezvous.
@@ -81,9 +83,12 @@ class LoopbackTransport(Transport):
             data = fabric.queues[key].popleft()
         assert isinstance(tensor, torch.Tensor)
         flat = tensor.view(-1).view(torch.uint8)
-        assert len(data) <= flat.numel(), "gloo would abort this process"
+        self._check_size(len(data), flat.numel())
         if data:
             flat[: len(data)].copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+
+    def _check_size(self, message: int, room: int) -> None:
+        assert message <= room, "gloo would abort this process"
 
     def interrupt(self) -> None:
         with self._fabric.cond:
@@ -92,6 +97,15 @@ class LoopbackTransport(Transport):
 
     def close(self) -> None:
         self.interrupt()
+
+
+class ExactLoopbackTransport(LoopbackTransport):
+    """A loopback transport whose receives must match their message's size (as NCCL's)."""
+
+    accepts_short_messages = False
+
+    def _check_size(self, message: int, room: int) -> None:
+        assert message == room, f"a {message}-byte message into a {room}-byte receive"
 
 
 class RecordingReplayGuard:
@@ -127,9 +141,12 @@ class LoopbackConnector(Connector):
 
     name = "Loopback"
 
-    def __init__(self, fabric: Fabric, *args: Any, graph_steps: bool = False) -> None:
+    def __init__(
+        self, fabric: Fabric, *args: Any, graph_steps: bool = False, exact_sizes: bool = False
+    ) -> None:
         super().__init__(*args)
         self.fabric = fabric
+        self.exact_sizes = exact_sizes
         self.replays = RecordingReplayGuard() if graph_steps else None
 
     def connect(self) -> ConnectorParts:
@@ -137,7 +154,9 @@ class LoopbackConnector(Connector):
         world = World(
             session=None,
             control=LoopbackTransport(self.fabric, self.world_rank, "control"),
-            data=LoopbackTransport(self.fabric, self.world_rank, "data"),
+            data=(ExactLoopbackTransport if self.exact_sizes else LoopbackTransport)(
+                self.fabric, self.world_rank, "data"
+            ),
             failures=PeerFailures(self.topology, timeout_s, self.fuse),
             timeout_s=timeout_s,
         )
@@ -156,11 +175,13 @@ def loopback_connectors(
     gate: bool = False,
     graph_steps: bool = False,
     exchange: str = "block",
+    exact_sizes: bool = False,
 ) -> tuple[list[LoopbackConnector], list[LoopbackConnector]]:
     """``a`` attention and ``f`` FFN connectors of one initialised loopback world.
 
     ``exchange="expert"`` builds expert-routed connectors (the gate then runs on
     attention). FFN rank 0 is built first (it hosts the step relay's inbox).
+    ``exact_sizes``: the data plane takes only exact-size receives (NCCL's rule).
     """
     fabric = Fabric()
 
@@ -174,7 +195,9 @@ def loopback_connectors(
             compute_gate_on_attention=gate or exchange == "expert",
             exchange=exchange,  # type: ignore[arg-type]
         )
-        conn = LoopbackConnector(fabric, cfg, rank, wire, graph_steps=graph_steps)
+        conn = LoopbackConnector(
+            fabric, cfg, rank, wire, graph_steps=graph_steps, exact_sizes=exact_sizes
+        )
         conn.initialize()
         return conn
 
