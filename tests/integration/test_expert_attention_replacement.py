@@ -30,21 +30,26 @@ IDLE_LIMIT_S = 60
 A, F = 2, 2
 
 
+def serve_step(conn: Any, step: Any) -> None:
+    """Every layer of ``step``: this FFN rank's experts applied to the rows it got."""
+    first = conn.ffn.block.start
+    for layer in LAYERS:
+        batch = conn.ffn.recv(step, layer, 0)
+        r = batch.routing
+        out = expert_function(batch.hidden, r.topk_ids + first, r.topk_weights, layer)
+        conn.ffn.send(batch, out)
+
+
 def serve_until(port: int, rank: int, stop: Any) -> dict[str, Any]:
     """FFN rank ``rank``: serve steps until ``stop`` is set; its endpoint's stats and the
     attention ranks of every step served."""
     conn = connect("ffn", rank, port, A, F, idle_limit_s=IDLE_LIMIT_S)
     threading.Thread(target=lambda: stop.wait(120) and conn.close(), daemon=True).start()
-    first = conn.ffn.block.start
     served: list[tuple[int, ...]] = []
     stats: dict[str, Any] = {}
     try:
         while (step := conn.ffn.next_step()) is not None:
-            for layer in LAYERS:
-                batch = conn.ffn.recv(step, layer, 0)
-                r = batch.routing
-                conn.ffn.send(batch, expert_function(batch.hidden, r.topk_ids + first,
-                                                     r.topk_weights, layer))  # fmt: skip
+            serve_step(conn, step)
             served.append(step.attention_ranks)
             stats = conn.ffn.stats()
     except AFDPeerError:
@@ -152,14 +157,9 @@ def test_an_attention_rank_that_leaves_is_replaced_while_every_ffn_rank_serves_t
 
 def idle_ffn(port: int, rank: int) -> None:
     conn = connect("ffn", rank, port, 1, F, idle_limit_s=2)
-    first = conn.ffn.block.start
     try:
         while (step := conn.ffn.next_step()) is not None:
-            for layer in LAYERS:
-                batch = conn.ffn.recv(step, layer, 0)
-                r = batch.routing
-                conn.ffn.send(batch, expert_function(batch.hidden, r.topk_ids + first,
-                                                     r.topk_weights, layer))  # fmt: skip
+            serve_step(conn, step)
     finally:
         conn.close()
 

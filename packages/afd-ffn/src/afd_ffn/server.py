@@ -23,7 +23,7 @@ thread is safe because the FFN worker's main thread never runs a forward (it onl
 vLLM's RPCs, and the FFN worker refuses ``execute_model``).
 
 When an attention rank leaves or is lost, a connector that replaces attention ranks
-(``Connector.replaces_attention_ranks``: ``P2pGlooAFDConnector``, see
+(``Connector.replaces_attention_ranks``: the gloo connectors, see
 :mod:`afd_core.p2p.links`) lets that rank's link go by itself, keeps serving the others
 and takes in the server that replaces it; it fails only when no attention rank was
 linked for ``ffn_idle_limit_s``. With any other connector the attention ranks' leaving

@@ -6,9 +6,9 @@
   frame per step) and :class:`ControlInbox` (FFN side: one receiver thread per attention
   rank, steps formed from whatever is queued), over any
   :class:`~afd_core.transport.Transport` in host memory;
-* :mod:`~afd_core.control.relay`: :class:`StepRelay` for connectors whose FFN ranks must
-  all run the same steps (expert-routed M:N): FFN rank 0 forms each step and forwards it
-  to the other FFN ranks.
+* :mod:`~afd_core.control.relay`: :class:`LeadingRelay` and :class:`FollowingRelay` for
+  connectors whose FFN ranks must all run the same steps (expert-routed M:N): FFN rank 0
+  forms each step and forwards it to the other FFN ranks.
 
 A connector with no control plane (whose data messages carry their own counts) builds
 none of these.

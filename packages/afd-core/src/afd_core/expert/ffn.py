@@ -1,7 +1,7 @@
 """``ExpertFFNEndpoint``: the FFN side of the expert-routed M:N exchange.
 
 An FFN rank holds one block of routed experts (:mod:`afd_core.expert.placement`) and
-takes its steps from the :class:`~afd_core.control.relay.StepRelay` (every FFN rank runs
+takes its steps from a step relay (:mod:`afd_core.control.relay`: every FFN rank runs
 the same steps). Per MoE layer and stage it receives, from every attention rank of the
 step, a header whose ``num_tokens`` is the number of rows routed to it and, unless that
 is 0, a body with those rows (:mod:`afd_core.expert.messages`); it hands the FFN model
