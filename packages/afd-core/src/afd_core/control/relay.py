@@ -30,7 +30,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from afd_core.control.assembler import StepAssembler
 from afd_core.control.channel import ControlInbox, host_frame
@@ -58,6 +58,14 @@ class RelayedStep:
 
     step: FFNStep
     links: tuple[AttentionLink | None, ...]
+
+
+class StepSource(Protocol):
+    """Where an FFN rank's steps come from: :class:`LeadingRelay` or :class:`FollowingRelay`."""
+
+    def next_step(self) -> RelayedStep | None:
+        """The next step this FFN rank serves, None once the connector is closed."""
+        ...
 
 
 class LeadingRelay:

@@ -38,17 +38,10 @@ from afd_core.transport import Transfer, TransferFailed
 from afd_core.wire import HEADER_BYTES, HeaderCodec, raise_header_mismatch
 
 if TYPE_CHECKING:
-    from typing import Protocol
-
     import torch
 
-    from afd_core.control.relay import RelayedStep
+    from afd_core.control.relay import RelayedStep, StepSource
     from afd_core.p2p.links import AttentionLink, BlockLinks
-
-    class StepSource(Protocol):
-        """Where an FFN rank's steps come from (a leading or following step relay)."""
-
-        def next_step(self) -> RelayedStep | None: ...
 
 
 @dataclass(slots=True)
@@ -129,13 +122,13 @@ class ExpertFFNEndpoint(FFNEndpoint):
             )
         deadline = time.monotonic() + self._timeout_s
         inline = self._transport.accepts_short_messages
-        posted: list[tuple[_Source, torch.Tensor, list[Transfer]]] = []
+        posted: list[tuple[_Source, torch.Tensor | None, list[Transfer]]] = []
         for rank, payload, counts, link in zip(
             step.attention_ranks, step.payloads, step.tokens, relayed.links, strict=True
         ):
             source = _Source(rank, link, payload.step_id, 0, 0)
             if link is None or link.lost is not None:
-                posted.append((source, self._empty_message(), []))
+                posted.append((source, None, []))
                 continue
             if inline:  # header and body in one message, room for every token
                 room = HEADER_BYTES + body_bytes(counts[stage], self._wire)
@@ -147,12 +140,13 @@ class ExpertFFNEndpoint(FFNEndpoint):
             posted.append((source, message, transfers))
         sources, parts, offset = [], [], 0
         for (source, message, transfers), counts in zip(posted, step.tokens, strict=True):
-            link = source.link
-            if link is not None and link.lost is None and self._wait(source, transfers, layer,
-                                                                      deadline):  # fmt: skip
-                source.rows = self._check_header(message[:HEADER_BYTES], link, source.step_id,
-                                                 layer, stage, counts[stage])  # fmt: skip
-            if source.rows:
+            if message is not None and self._wait(source, transfers, layer, deadline):
+                link = source.link
+                assert link is not None
+                header = message[:HEADER_BYTES]
+                source.rows = self._check_header(header, link, source.step_id, layer, stage,
+                                                 counts[stage])  # fmt: skip
+            if message is not None and source.rows:
                 part = self._body_of(source, message, stage, layer, deadline, inline)
                 if part is None:
                     source.rows = 0
@@ -288,9 +282,6 @@ class ExpertFFNEndpoint(FFNEndpoint):
                 self._lose(source, exc, layer)
                 return None
         return unpack_body(body, source.rows, self._wire)
-
-    def _empty_message(self) -> torch.Tensor:
-        return self._torch.zeros(HEADER_BYTES, dtype=self._torch.uint8)
 
     def _check_header(
         self,
