@@ -132,8 +132,10 @@ def test_an_attention_rank_that_leaves_is_replaced_while_its_ffn_rank_serves_the
         assert out["attn1"].ok, out["attn1"]
     ffn = out["ffn"].value
     assert ffn["attention_replacements"] == 1, ffn
-    # Rank 0 kept stepping while rank 1 was away and after its replacement joined.
-    assert out["attn0"].value > 10, out["attn0"]
+    # Rank 0 stepped on, exactly (its every result is checked), until after rank 1's
+    # successor ended (what it saw, not how many steps it managed: that is the host's).
+    last_with_one = max(i for i, step in enumerate(ffn["served"]) if 1 in step)
+    assert any(0 in step for step in ffn["served"][last_with_one + 1 :]), ffn["served"]
     with_one = sum(1 for ranks_of_step in ffn["served"] if 1 in ranks_of_step)
     assert with_one >= 3 + 5, ffn["served"]  # the first server's steps and the new one's
     print(f"replacement ({how}) joined in {out['attn1-new'].value:.2f} s")

@@ -141,7 +141,8 @@ def test_an_attention_rank_that_leaves_is_replaced_while_every_ffn_rank_serves_t
     else:
         assert out["attn1"].ok, out["attn1"]
     leader, follower = out["ffn0"].value, out["ffn1"].value
-    # Rank 0 stepped on, exactly, from before rank 1 left until after its successor ended.
+    # Rank 0 stepped on, exactly (its every result is checked), until after rank 1's
+    # successor ended (what it saw, not how many steps it managed: that is the host's).
     last_with_one = max(i for i, step in enumerate(leader["served"]) if 1 in step)
     assert any(0 in step for step in leader["served"][last_with_one + 1 :]), leader["served"]
     for ffn in (leader, follower):
