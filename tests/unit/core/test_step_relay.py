@@ -125,4 +125,4 @@ def test_a_successor_whose_link_never_opens_fails_the_follower_naming_it(followe
     started = time.monotonic()
     with pytest.raises(AFDPeerError, match="generation 2 of attention rank 1"):
         follower.relay.next_step()
-    assert time.monotonic() - started < TIMEOUT_S + 2.0
+    assert time.monotonic() - started < TIMEOUT_S + 10.0  # bounded: no hang, any host

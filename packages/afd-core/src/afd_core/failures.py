@@ -87,6 +87,13 @@ class Fuse:
             self.blow(departure)
             raise type(departure)(str(departure))
 
+    def check_failure(self) -> None:
+        """Raise the error that failed the connector (a copy, with its own message), if
+        any: for a wait that learns of the failure first (another part blew the fuse)."""
+        failure = self._failure
+        if failure is not None:
+            raise type(failure)(str(failure))
+
     def check(self) -> None:
         """Raise AFDShutdown when closed, the failure when failed; return otherwise."""
         if self.blown:

@@ -199,20 +199,23 @@ def open_link(
     )  # fmt: skip
 
 
-def open_ffn_group(connector: Connector, data: DataTransportFactory, session: Session) -> World:
+def open_ffn_group(connector: Connector, session: Session) -> World:
     """The FFN ranks' own world (every FFN rank, none of the attention ranks), in the
     session's ``ffn/`` namespace: its ranks are the FFN role ranks (which are also their
-    world ranks). Expert-routed connectors on links relay steps over it
-    (:mod:`afd_core.control.relay`). Losing an FFN rank fails the connector, as in a
-    world of every rank. Bounded by the AFD timeout; closes what it opened when it raises.
+    world ranks). Expert-routed connectors on links relay steps over its control
+    transport (:mod:`afd_core.control.relay`; its data transport is that gloo group
+    under the data tag, whatever the connector's data plane). Losing an FFN rank fails
+    the connector, as in a world of every rank. Bounded by the AFD timeout; closes what
+    it opened when it raises.
     """
     timeout_s = float(connector.config.afd_process_group_timeout_s)
     size = connector.topology.num_ffn_ranks
     namespace = session.group("ffn")
     rank = connector.role_rank
     world = _open_transports(
-        connector, data, namespace, None, rank, size, timeout_s, tuple(range(size))
-    )
+        connector, gloo_data_transport, namespace, None, rank, size, timeout_s,
+        tuple(range(size)),
+    )  # fmt: skip
     peers = tuple(f for f in range(size) if f != rank)
     return _watched(
         connector, world, namespace, rank, peers,

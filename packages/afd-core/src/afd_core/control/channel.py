@@ -152,9 +152,7 @@ class ControlInbox:
             with self._cond:
                 if self._fuse.closed:
                     return None
-                failure = self._fuse.failure  # e.g. another FFN rank was lost
-                if failure is not None:
-                    raise type(failure)(str(failure))
+                self._fuse.check_failure()  # e.g. another FFN rank was lost
                 ready = self._pop_ready()
                 if ready:
                     break

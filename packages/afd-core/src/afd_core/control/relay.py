@@ -179,9 +179,7 @@ class FollowingRelay:
             with self._cond:
                 if self._fuse.closed:
                     return None
-                failure = self._fuse.failure  # e.g. another FFN rank was lost
-                if failure is not None:
-                    raise type(failure)(str(failure))
+                self._fuse.check_failure()  # e.g. another FFN rank was lost
                 if self._frames:
                     entries = self._frames.popleft()
                     break

@@ -157,7 +157,7 @@ def _ffn_link_parts(
     connector: Connector, data: DataTransportFactory, session: Session
 ) -> ConnectorParts:
     config, topology = connector.config, connector.topology
-    group = open_ffn_group(connector, data, session)
+    group = open_ffn_group(connector, session)
     ranks = tuple(range(topology.num_attention_ranks))
     replaceable = config.ffn_idle_limit_s > 0
     try:

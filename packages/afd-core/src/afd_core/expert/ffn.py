@@ -248,11 +248,8 @@ class ExpertFFNEndpoint(FFNEndpoint):
     def _lose(self, source: _Source, failure: TransferFailed, layer: int) -> None:
         """A transfer of ``source`` failed: its rank drops out of the layer when the links
         let its link go (no rows here, nothing sent back), else raise the error."""
-        link = source.link
-        assert link is not None
-        error = link.failures.error(failure, layer_of_step(layer, source.step_id))
-        if not self._links.lose(link, error):
-            raise error from None
+        assert source.link is not None
+        self._links.lose_transfer(source.link, failure, layer_of_step(layer, source.step_id))
         source.rows = 0
 
     def _body_of(

@@ -362,10 +362,7 @@ class P2pFFNEndpoint(FFNEndpoint):
         """A transfer of ``member`` failed: drop it from the step when the links let its
         link go (its rows are zeroed: nothing of them is sent anywhere), else raise the
         error. A message that breaks the protocol is never let go: it fails the rank."""
-        link = member.link
-        error = link.failures.error(failure, layer_of_step(layer, member.step_id))
-        if not self._links.lose(link, error):
-            raise error from None
+        self._links.lose_transfer(member.link, failure, layer_of_step(layer, member.step_id))
         member.hidden.zero_()
         if member.logits is not None:
             member.logits.zero_()

@@ -33,12 +33,13 @@ from typing import TYPE_CHECKING
 
 from afd_core import seats
 from afd_core.errors import AFDError, AFDPeerError
+from afd_core.world import ATTENTION_ON_LINK, open_link, peer_departed, peer_lost
 
 if TYPE_CHECKING:
     from afd_core.connector import Connector
     from afd_core.failures import PeerFailures
     from afd_core.rendezvous import Session
-    from afd_core.transport import Transport
+    from afd_core.transport import TransferFailed, Transport
     from afd_core.world import DataTransportFactory, World
 
 # A child of vLLM's logger, so vLLM's logging config applies in a server.
@@ -172,6 +173,14 @@ class BlockLinks:
         self._notify()
         return True
 
+    def lose_transfer(self, link: AttentionLink, failure: TransferFailed, doing: str) -> None:
+        """A transfer on ``link`` failed while ``doing`` (e.g. "layer 3 of step 17"): let
+        the link go (:meth:`lose`) or, where losing it fails the FFN rank, raise the
+        AFDPeerError that names the peer and what was awaited."""
+        error = link.failures.error(failure, doing)
+        if not self.lose(link, error):
+            raise error from None
+
     def add_initial(self, link: AttentionLink) -> None:
         """A link of the world's start (before the FFN loop runs)."""
         with self._lock:
@@ -295,8 +304,6 @@ def open_ffn_links(
     here, vacates them when it lets a link go); exactly one FFN rank owns each seat.
     Bounded by the AFD timeout; closes what it opened when it raises.
     """
-    from afd_core.world import ATTENTION_ON_LINK, open_link, peer_departed, peer_lost
-
     ffn_rank = connector.role_rank
     links = BlockLinks(
         ffn_rank, [], replaceable=replaceable, session=session,
