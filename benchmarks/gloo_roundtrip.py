@@ -9,10 +9,15 @@ from anything else on the host):
   ``BLOCK`` layers, each step announced by one control payload (``begin_step``);
 * **raw**: a ``ProcessGroupGloo`` ping-pong of the same hidden-state bytes each way
   (receive posted before the send, like the connector), on a second group between the
-  same two processes.
+  same two processes;
+* **framed**: the connector's messages without the connector: on that second group, a
+  64-byte header message and then the hidden states each way, posted in the connector's
+  order. ``framed / raw`` is what the header messages cost; ``conn / framed`` what the
+  endpoints' own work (checks, bookkeeping, tensors) costs.
 
-It prints the median and the 10th percentile round trip of each (µs), their ratios, and
-the median time the attention rank spends beginning one step (its control payload).
+It prints the median and the 10th percentile round trip of connector and raw (µs), their
+ratios, the median framed round trip as a ratio to raw, and the median time the
+attention rank spends beginning one step (its control payload).
 :func:`measure` and :func:`format_table` are also used by ``benchmarks/afd_decode.py``.
 Usage::
 
@@ -35,6 +40,7 @@ TOKENS = (1, 8, 64, 256)
 HIDDEN = (128, 2048)
 BLOCK = 50  # layers per connector step
 TAG_PING, TAG_PONG = 11, 12
+HEADER_BYTES = 64
 RESULT_TIMEOUT_S = 600.0
 
 
@@ -48,6 +54,7 @@ class RoundTrip:
     raw_us: tuple[float, ...]
     conn_us: tuple[float, ...]
     control_us: tuple[float, ...]
+    framed_us: tuple[float, ...]
 
     @property
     def nbytes(self) -> int:
@@ -63,6 +70,11 @@ class RoundTrip:
     def conn_median(self) -> float:
         """Median connector round trip (µs)."""
         return statistics.median(self.conn_us)
+
+    @property
+    def framed_median(self) -> float:
+        """Median round trip of the connector's messages on the raw group (µs)."""
+        return statistics.median(self.framed_us)
 
     @property
     def raw_p10(self) -> float:
@@ -120,11 +132,14 @@ def _ffn(
         conn = _connector("ffn", conn_port, hidden)
         for tokens in tokens_list:
             buf = torch.empty(tokens * hidden, dtype=torch.bfloat16)
+            header = torch.zeros(HEADER_BYTES, dtype=torch.uint8)
             for _ in range(rounds + 1):  # the first round warms up
                 step = conn.ffn.next_step()
                 for layer in range(BLOCK):
                     raw.recv([buf], 1, TAG_PING).wait()
                     raw.send([buf], 1, TAG_PONG).wait()
+                    _wait_all([raw.recv([header], 1, TAG_PING), raw.recv([buf], 1, TAG_PING)])
+                    _wait_all([raw.send([header], 1, TAG_PONG), raw.send([buf], 1, TAG_PONG)])
                     batch = conn.ffn.recv(step, layer, 0)
                     conn.ffn.send(batch, batch.hidden)
         conn.close()
@@ -152,7 +167,9 @@ def _attention(
         for tokens in tokens_list:
             x = torch.randn(tokens, hidden).to(torch.bfloat16)
             ping, pong = x.view(-1), torch.empty(tokens * hidden, dtype=torch.bfloat16)
-            raw_us, conn_us, control_us = [], [], []
+            header_out = torch.zeros(HEADER_BYTES, dtype=torch.uint8)
+            header_in = torch.zeros(HEADER_BYTES, dtype=torch.uint8)
+            raw_us, conn_us, control_us, framed_us = [], [], [], []
             for r in range(rounds + 1):
                 payload = ControlPayload(step_id, 0, (AFDDPMetadata(0, (tokens,)),))
                 t0 = time.perf_counter()
@@ -165,18 +182,32 @@ def _attention(
                     raw.send([ping], 0, TAG_PING).wait()
                     work.wait()
                     t1 = time.perf_counter()
+                    _wait_all([
+                        raw.recv([header_in], 0, TAG_PONG), raw.recv([pong], 0, TAG_PONG),
+                        raw.send([header_out], 0, TAG_PING), raw.send([ping], 0, TAG_PING),
+                    ])  # fmt: skip
+                    t2 = time.perf_counter()
                     conn.attention.send(layer, 0, x)
                     y = conn.attention.recv(layer, 0)
-                    t2 = time.perf_counter()
+                    t3 = time.perf_counter()
                     if r:
                         raw_us.append((t1 - t0) * 1e6)
-                        conn_us.append((t2 - t1) * 1e6)
+                        framed_us.append((t2 - t1) * 1e6)
+                        conn_us.append((t3 - t2) * 1e6)
                 step_id += 1
             assert torch.equal(x, y)
-            rows.append(RoundTrip(tokens, hidden, tuple(raw_us), tuple(conn_us), tuple(control_us)))
+            rows.append(
+                RoundTrip(tokens, hidden, tuple(raw_us), tuple(conn_us), tuple(control_us),
+                          tuple(framed_us))
+            )  # fmt: skip
         conn.close()
         conn_port += 1
     out.put(rows)
+
+
+def _wait_all(works: list[Any]) -> None:
+    for work in works:
+        work.wait()
 
 
 def measure(
@@ -239,9 +270,10 @@ def format_table(rows: Sequence[RoundTrip], rounds: int) -> str:
     lines = [
         f"per-layer round trip in µs over {rounds * BLOCK} layers (bf16; the connector "
         "adds a 64-byte header message each way; p10 is less sensitive to other load on the host; "
+        "framed: the connector's messages on the raw group, median, as a ratio to raw; "
         "ctrl: one step's control payload send, median and fastest)",
         f"{'tokens':>6} {'hidden':>6} {'bytes/dir':>10} | {'raw med':>8} {'conn med':>8} "
-        f"{'ratio':>5} | {'raw p10':>8} {'conn p10':>8} {'ratio':>5} | "
+        f"{'ratio':>5} | {'raw p10':>8} {'conn p10':>8} {'ratio':>5} | {'framed':>6} | "
         f"{'ctrl med':>8} {'ctrl min':>8}",
     ]
     for row in rows:
@@ -249,6 +281,7 @@ def format_table(rows: Sequence[RoundTrip], rounds: int) -> str:
             f"{row.tokens:>6} {row.hidden:>6} {row.nbytes:>10} | {row.raw_median:>8.1f} "
             f"{row.conn_median:>8.1f} {row.conn_median / row.raw_median:>5.2f} | "
             f"{row.raw_p10:>8.1f} {row.conn_p10:>8.1f} {row.conn_p10 / row.raw_p10:>5.2f} | "
+            f"{row.framed_median / row.raw_median:>6.2f} | "
             f"{row.control_median:>8.1f} {row.control_min:>8.1f}"
         )
     return "\n".join(lines)

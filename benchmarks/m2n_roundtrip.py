@@ -10,8 +10,8 @@ The same run alternates, layer by layer:
   ``BLOCK`` layers, each announced by one control payload;
 * **raw**: on a second gloo group between the same processes, exactly the connector's
   messages as bytes: to each FFN rank one message of 64 header bytes plus the routed
-  body (rows' hidden states, top-k ids and weights), back a 64-byte header and, with rows,
-  the rows' partial result.
+  body (rows' hidden states, top-k ids and weights), back one reply frame of the 64-byte
+  header and the rows' partial result.
 
 Then, in a separate pair of processes, the P2P connector's round trip for the same token
 counts (:mod:`gloo_roundtrip`), for the cost of routing against sending every token to
@@ -135,17 +135,13 @@ def _ffn(rank: int, conn_port: int, raw_port: int, rounds: int, ffn_ranks: int) 
     conn = _connector("ffn", rank, conn_port, ffn_ranks)
     for tokens in TOKENS:
         inbox = torch.empty(HEADER + body_bytes(tokens), dtype=torch.uint8)
-        header = torch.zeros(HEADER, dtype=torch.uint8)
+        reply = torch.zeros(HEADER + tokens * HIDDEN * 2, dtype=torch.uint8)
         mine = [rows_of(routing(tokens, layer)[1], ffn_ranks)[rank] for layer in range(BLOCK)]
         for _ in range(rounds + 1):
             step = conn.ffn.next_step()
             for layer, rows in enumerate(mine):
                 raw.recv([inbox], attention, TAG_PING).wait()
-                raw.send([header], attention, TAG_PONG).wait()
-                if rows:
-                    raw.send(
-                        [inbox[HEADER : HEADER + rows * HIDDEN * 2]], attention, TAG_PONG
-                    ).wait()
+                raw.send([reply[: HEADER + rows * HIDDEN * 2]], attention, TAG_PONG).wait()
                 batch = conn.ffn.recv(step, layer, 0)
                 conn.ffn.send(batch, batch.hidden)
     conn.close()
@@ -169,13 +165,7 @@ def _attention(conn_port: int, raw_port: int, rounds: int, ffn_ranks: int, out: 
             for per_rank in rows
         ]
         replies = [
-            [
-                (
-                    torch.empty(HEADER, dtype=torch.uint8),
-                    torch.empty(r * HIDDEN * 2, dtype=torch.uint8),
-                )
-                for r in per_rank
-            ]
+            [torch.empty(HEADER + r * HIDDEN * 2, dtype=torch.uint8) for r in per_rank]
             for per_rank in rows
         ]
         raw_us, m2n_us = [], []
@@ -186,10 +176,7 @@ def _attention(conn_port: int, raw_port: int, rounds: int, ffn_ranks: int, out: 
                 t0 = time.perf_counter()
                 works = []
                 for f in range(ffn_ranks):
-                    header, partial = replies[layer][f]
-                    works.append(raw.recv([header], f, TAG_PONG))
-                    if rows[layer][f]:
-                        works.append(raw.recv([partial], f, TAG_PONG))
+                    works.append(raw.recv([replies[layer][f]], f, TAG_PONG))
                     works.append(raw.send([sends[layer][f]], f, TAG_PING))
                 for work in works:
                     work.wait()

@@ -94,7 +94,7 @@ def test_transfer_header_of_wrong_size_bad_magic_or_version_is_rejected():
         TransferHeader.decode(b"AFDC" + data[4:])
     bumped = bytearray(data)
     struct.pack_into("<H", bumped, 4, TransferHeader.VERSION + 1)
-    with pytest.raises(AFDProtocolError, match="header version 3"):
+    with pytest.raises(AFDProtocolError, match=f"header version {TransferHeader.VERSION + 1}"):
         TransferHeader.decode(bytes(bumped))
 
 

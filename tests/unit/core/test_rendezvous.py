@@ -12,6 +12,7 @@ from afd_core.config import AFDConfig
 from afd_core.connector import WireSpec
 from afd_core.errors import AFDConfigError, AFDProtocolError
 from afd_core.launch import free_ports
+from afd_core.metadata import TransferHeader
 from afd_core.rendezvous import (
     PROTOCOL,
     Hello,
@@ -71,7 +72,7 @@ def test_a_wire_difference_asks_for_the_same_model_and_dtype():
 def test_a_protocol_difference_asks_for_the_same_afd_core():
     theirs = replace(hello("ffn", 0), protocol={**PROTOCOL, "data": 99})
     message = compare_hello(hello("attention", 0), theirs)
-    assert "protocol.data=2, FFN rank 0 (world rank 0) has 99" in message
+    assert f"protocol.data={TransferHeader.VERSION}, FFN rank 0 (world rank 0) has 99" in message
     assert "install the same afd-core version on both roles" in message
 
 

@@ -73,6 +73,14 @@ def test_a_token_goes_once_to_each_rank_holding_one_of_its_experts_and_nowhere_e
     assert [r.tolist() for r in rows] == [[0, 1, 3], [1, 2, 3]]
 
 
+def test_a_rank_that_holds_none_of_the_experts_gets_no_rows():
+    ids = torch.tensor([[0, 6], [1, 2], [7, 6]], dtype=torch.int32)
+    placement = ExpertPlacement(8, 3)  # experts 0..2 | 3..5 | 6..7
+    rows = rows_per_rank(ids, torch.tensor(placement.owners()), 3)
+    assert [r.tolist() for r in rows] == [[0, 1], [], [0, 2]]
+    assert all(r.dtype == torch.int64 for r in rows)
+
+
 def test_local_ids_keep_own_experts_and_give_foreign_slots_weight_zero():
     ids = torch.tensor([[4, 1], [6, 7]], dtype=torch.int32)
     weights = torch.tensor([[0.25, 0.75], [0.5, 0.5]])

@@ -133,6 +133,10 @@ def describe_rank(topology: Topology, role: Role, role_rank: int) -> str:
     return f"{name} rank {role_rank} (world rank {topology.world_rank(role, role_rank)})"
 
 
+#: Position of ``num_tokens`` among the fields of ``TransferHeader.LAYOUT``.
+_NUM_TOKENS_FIELD = 8
+
+
 class HeaderCodec:
     """Packs and expects the headers of one wire spec (the per-layer hot path).
 
@@ -182,6 +186,11 @@ class HeaderCodec:
             self._logits_code if logits_width else self._no_logits_code,
             topk,
         )
+
+    def num_tokens_of(self, raw: bytes) -> int:
+        """The ``num_tokens`` field of the packed header ``raw``, unchecked: compare the
+        whole header with the expected one afterwards."""
+        return int(self._layout.unpack_from(raw)[_NUM_TOKENS_FIELD])
 
     def header(
         self,

@@ -15,9 +15,11 @@ travel as one message (the FFN rank posts one receive with room for every token 
 stage); otherwise (NCCL) the header is a message of its own, followed by the body when
 it has rows, and the FFN rank reads the header before it receives the body.
 
-Every FFN rank answers with a header and the partial result of its experts for those
-rows; :func:`~afd_core.expert.routing.combine` adds them up per token. Routed row counts
-vary per (attention rank, FFN rank, layer) and travel in the headers.
+Every FFN rank answers with one reply frame, a header and the partial result of its
+experts for those rows (:func:`~afd_core.expert.messages.reply_bytes`: the attention rank
+knows its size, since it routed the rows); :func:`~afd_core.expert.routing.combine` adds
+the partial results up per token. Routed row counts vary per (attention rank, FFN rank,
+layer) and travel in the headers.
 """
 
 from __future__ import annotations
@@ -30,7 +32,14 @@ from afd_core.connector import AttentionEndpoint, ExpertRouting
 from afd_core.control.channel import ControlSender
 from afd_core.endpoint_context import EndpointContext, active_step, take_in_flight
 from afd_core.errors import AFDProtocolError
-from afd_core.expert.messages import body_bytes, pack_body
+from afd_core.expert.messages import (
+    HeaderedBuffer,
+    body_bytes,
+    pack_body,
+    read_header,
+    reply_bytes,
+    reply_partial,
+)
 from afd_core.expert.placement import ExpertPlacement
 from afd_core.expert.routing import combine, rows_per_rank
 from afd_core.failures import guarded, layer_of_step
@@ -76,8 +85,7 @@ class _Route:
     ffn: FFNPeer
     rows: torch.Tensor
     count: int
-    reply_header: torch.Tensor
-    partial: torch.Tensor | None
+    reply: torch.Tensor
     transfers: list[Transfer]
 
 
@@ -132,7 +140,8 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
         self._owners = torch.tensor(placement.owners(), dtype=torch.int64, device=transport.device)
         self._step: _Step | None = None
         self._inflight: dict[int, _InFlight] = {}
-        self._buffers: dict[tuple[int, int], torch.Tensor] = {}
+        self._buffers: dict[tuple[int, int], HeaderedBuffer] = {}
+        self._expected = memoryview(bytearray(HEADER_BYTES))
         self.dispatched = DispatchCounts()
 
     @guarded
@@ -174,27 +183,21 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
         assert routing is not None
         torch, transport = self._torch, self._transport
         device, home = transport.device, hidden.device
-        hidden, ids, weights = (
-            t.to(device) for t in (hidden, routing.topk_ids, routing.topk_weights)
-        )
+        hidden = hidden.to(device)
+        ids = routing.topk_ids.to(device=device, dtype=torch.int32)
+        weights = routing.topk_weights.to(device=device, dtype=torch.float32)
         routes = []
         for f, rows in enumerate(rows_per_rank(ids, self._owners, len(self._ffn_peers))):
-            ffn, count = self._ffn_peers[f], int(rows.numel())
+            ffn, count = self._ffn_peers[f], rows.numel()
             self.dispatched.add(f, layer, count)
-            reply_header = torch.zeros(HEADER_BYTES, dtype=torch.uint8, device=device)
-            partial = None
-            if count:
-                partial = torch.empty((count, self._wire.hidden_size), dtype=self._dtype,
-                                      device=device)  # fmt: skip
+            reply = torch.empty(reply_bytes(count, self._wire), dtype=torch.uint8, device=device)
             sends = self._messages(step.step_id, layer, stage, f, hidden, ids, weights, rows)
             try:
                 transfers = [ffn.transport.post_send(t, ffn.peer) for t in sends]
-                transfers.append(ffn.transport.post_recv(reply_header, ffn.peer))
-                if partial is not None:
-                    transfers.append(ffn.transport.post_recv(partial, ffn.peer))
+                transfers.append(ffn.transport.post_recv(reply, ffn.peer))
             except TransferFailed as exc:
                 raise ffn.failures.error(exc, layer_of_step(layer, step.step_id)) from None
-            routes.append(_Route(ffn, rows, count, reply_header, partial, transfers))
+            routes.append(_Route(ffn, rows, count, reply, transfers))
         self._inflight[stage] = _InFlight(layer, hidden.shape[0], routes, home)
 
     @guarded
@@ -204,25 +207,27 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
         assert step is not None  # a send of this step put it in flight
         transport = self._transport
         deadline = time.monotonic() + self._timeout_s
-        doing = layer_of_step(layer, step.step_id)
         for route in inflight.routes:
             try:
                 route.ffn.transport.wait_all(route.transfers, deadline)
             except TransferFailed as exc:
+                doing = layer_of_step(layer, step.step_id)
                 raise route.ffn.failures.error(exc, doing) from None
         for ffn in {id(r.ffn.transport): r.ffn for r in inflight.routes}.values():
             try:
                 ffn.transport.synchronize(deadline)
             except TransferFailed as exc:
+                doing = layer_of_step(layer, step.step_id)
                 raise ffn.failures.error(exc, doing) from None
-        parts = []
+        parts, expected = [], self._expected
         for f, route in enumerate(inflight.routes):
-            expected = self._codec.header("f2a", step.step_id, layer, stage, route.count, f)
-            raw = bytes(transport.to_host(route.reply_header).tolist())
-            if raw != expected.encode():
-                raise_header_mismatch(raw, expected, route.ffn.name)
-            if route.partial is not None:
-                parts.append((route.rows, route.partial))
+            self._codec.pack_into(expected, 0, "f2a", step.step_id, layer, stage, route.count, f)
+            raw = read_header(route.ffn.transport, route.reply)
+            if raw != expected:
+                header = self._codec.header("f2a", step.step_id, layer, stage, route.count, f)
+                raise_header_mismatch(raw, header, route.ffn.name)
+            if route.count:
+                parts.append((route.rows, reply_partial(route.reply, route.count, self._wire)))
         step.done += 1
         out = combine(inflight.tokens, parts, self._wire.hidden_size, self._dtype, transport.device)
         return out if out.device == inflight.home else out.to(inflight.home)
@@ -274,26 +279,23 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
     ) -> list[torch.Tensor]:
         """The tensors to send one FFN rank: ``[header + body]``, or ``[header, body]``
         (no body without rows) where message sizes must match exactly."""
-        import ctypes
-
         count = rows.numel()
         nbytes = body_bytes(count, self._wire)
-        inline = self._transport.accepts_short_messages
         key = (stage, ffn_rank)
         buffer = self._buffers.get(key)
-        if buffer is None or buffer.numel() < HEADER_BYTES + nbytes:
-            buffer = self._buffers[key] = self._transport.allocate(max(HEADER_BYTES + nbytes, 4096))
+        if buffer is None or buffer.nbytes < HEADER_BYTES + nbytes:
+            buffer = self._buffers[key] = HeaderedBuffer(
+                self._transport, max(HEADER_BYTES + nbytes, 4096)
+            )
+        message = buffer.tensor
         if count:
-            pack_body(buffer[HEADER_BYTES : HEADER_BYTES + nbytes], hidden, ids, weights, rows,
+            pack_body(message[HEADER_BYTES : HEADER_BYTES + nbytes], hidden, ids, weights, rows,
                       self._wire)  # fmt: skip
-        header = self._torch.zeros(HEADER_BYTES, dtype=self._torch.uint8)
-        view = memoryview((ctypes.c_char * HEADER_BYTES).from_address(header.data_ptr())).cast("B")
-        self._codec.pack_into(view, 0, "a2f", step_id, layer, stage, count, self._role_rank,
-                              topk=self._wire.top_k)  # fmt: skip
-        if inline:
-            buffer[:HEADER_BYTES].copy_(header)
-            return [buffer[: HEADER_BYTES + nbytes]]
-        messages = [self._transport.to_device(header)]
-        if count:
-            messages.append(buffer[HEADER_BYTES : HEADER_BYTES + nbytes])
-        return messages
+        self._codec.pack_into(buffer.header, 0, "a2f", step_id, layer, stage, count,
+                              self._role_rank, topk=self._wire.top_k)  # fmt: skip
+        buffer.publish_header()
+        if self._transport.accepts_short_messages:
+            return [message[: HEADER_BYTES + nbytes]]
+        if not count:
+            return [message[:HEADER_BYTES]]
+        return [message[:HEADER_BYTES], message[HEADER_BYTES : HEADER_BYTES + nbytes]]

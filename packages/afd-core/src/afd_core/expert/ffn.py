@@ -6,8 +6,9 @@ the same steps). Per MoE layer and stage it receives, from every attention rank 
 step, a header whose ``num_tokens`` is the number of rows routed to it and, unless that
 is 0, a body with those rows (:mod:`afd_core.expert.messages`); it hands the FFN model
 the rows of all attention ranks concatenated with their routing in local expert ids
-(:func:`~afd_core.expert.routing.localize`), and sends every attention rank a header and
-the partial result of its rows.
+(:func:`~afd_core.expert.routing.localize`), and sends every attention rank one reply
+frame: a header and the partial result of its rows
+(:func:`~afd_core.expert.messages.reply_bytes`).
 
 Each attention rank's messages travel on its link (:mod:`afd_core.p2p.links`: one world
 shared by every rank, or a world of its own per pair on gloo). A lost replaceable link
@@ -22,7 +23,6 @@ room for every token the sender has in the stage, so no handshake is added; othe
 
 from __future__ import annotations
 
-import ctypes
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -30,10 +30,16 @@ from typing import TYPE_CHECKING
 from afd_core.connector import ExpertRouting, FFNEndpoint, FFNLayerBatch, FFNStep
 from afd_core.endpoint_context import EndpointContext
 from afd_core.errors import AFDProtocolError
-from afd_core.expert.messages import body_bytes, unpack_body
+from afd_core.expert.messages import (
+    HeaderedBuffer,
+    body_bytes,
+    read_header,
+    reply_bytes,
+    reply_partial,
+    unpack_body,
+)
 from afd_core.expert.routing import localize
 from afd_core.failures import guarded, guarded_until_closed, layer_of_step
-from afd_core.metadata import TransferHeader
 from afd_core.transport import Transfer, TransferFailed
 from afd_core.wire import HEADER_BYTES, HeaderCodec, raise_header_mismatch
 
@@ -95,6 +101,8 @@ class ExpertFFNEndpoint(FFNEndpoint):
         self._layers = wire.exchange_layers
         self._codec = HeaderCodec(wire)
         self._bodies: dict[tuple[int, int], torch.Tensor] = {}
+        self._replies: dict[tuple[int, int], HeaderedBuffer] = {}
+        self._expected = memoryview(bytearray(HEADER_BYTES))
         self._sources: dict[int, list[_Source]] = {}
         self.received = ReceivedRows({})
 
@@ -143,8 +151,7 @@ class ExpertFFNEndpoint(FFNEndpoint):
             if message is not None and self._wait(source, transfers, layer, deadline):
                 link = source.link
                 assert link is not None
-                header = message[:HEADER_BYTES]
-                source.rows = self._check_header(header, link, source.step_id, layer, stage,
+                source.rows = self._check_header(message, link, source.step_id, layer, stage,
                                                  counts[stage])  # fmt: skip
             if message is not None and source.rows:
                 part = self._body_of(source, message, stage, layer, deadline, inline)
@@ -190,10 +197,8 @@ class ExpertFFNEndpoint(FFNEndpoint):
             link = source.link
             if link is None or link.lost is not None:
                 continue
-            messages = [self._reply_header(source, batch.layer, batch.stage)]
-            if source.rows:
-                messages.append(output[source.offset : source.offset + source.rows])
-            posted.append((source, self._post(source, batch.layer, messages, receive=False)))
+            reply = self._reply(source, batch.layer, batch.stage, output)
+            posted.append((source, self._post(source, batch.layer, [reply], receive=False)))
         deadline = time.monotonic() + self._timeout_s
         for source, transfers in posted:
             self._wait(source, transfers, batch.layer, deadline)
@@ -282,35 +287,46 @@ class ExpertFFNEndpoint(FFNEndpoint):
 
     def _check_header(
         self,
-        header: torch.Tensor,
+        message: torch.Tensor,
         link: AttentionLink,
         step_id: int,
         layer: int,
         stage: int,
         room: int,
     ) -> int:
-        """The routed row count a received header announces, after checking the rest."""
-        raw = bytes(self._transport.to_host(header).tolist())
-        received = TransferHeader.decode(raw)
-        expected = self._codec.header("a2f", step_id, layer, stage, received.num_tokens,
-                                      link.rank, topk=self._wire.top_k)  # fmt: skip
-        sender = link.name
-        raise_header_mismatch(raw, expected, sender)
-        if received.num_tokens > room:
+        """The routed row count the header of a received ``message`` announces, after
+        checking the rest."""
+        codec, expected = self._codec, self._expected
+        raw = read_header(self._transport, message)
+        rows = codec.num_tokens_of(raw)
+        codec.pack_into(expected, 0, "a2f", step_id, layer, stage, rows, link.rank,
+                        topk=self._wire.top_k)  # fmt: skip
+        if raw != expected:
+            header = codec.header("a2f", step_id, layer, stage, rows, link.rank,
+                                  topk=self._wire.top_k)  # fmt: skip
+            raise_header_mismatch(raw, header, link.name)
+        if rows > room:
             raise AFDProtocolError(
-                f"AFD data: {sender} routed {received.num_tokens} rows of layer {layer} to FFN "
-                f"rank {self._role_rank}, more than its {room} tokens of step {step_id} stage "
-                f"{stage}"
+                f"AFD data: {link.name} routed {rows} rows of layer {layer} to FFN rank "
+                f"{self._role_rank}, more than its {room} tokens of step {step_id} stage {stage}"
             )
-        return received.num_tokens
+        return rows
 
-    def _reply_header(self, source: _Source, layer: int, stage: int) -> torch.Tensor:
-        torch = self._torch
-        host = torch.zeros(HEADER_BYTES, dtype=torch.uint8)
-        view = memoryview((ctypes.c_char * HEADER_BYTES).from_address(host.data_ptr())).cast("B")
-        self._codec.pack_into(view, 0, "f2a", source.step_id, layer, stage, source.rows,
-                              self._role_rank)  # fmt: skip
-        return self._transport.to_device(host)
+    def _reply(self, source: _Source, layer: int, stage: int, output: torch.Tensor) -> torch.Tensor:
+        """``source``'s reply frame: the header, then its rows of ``output``."""
+        nbytes = reply_bytes(source.rows, self._wire)
+        key = (source.rank, stage)
+        buffer = self._replies.get(key)
+        if buffer is None or buffer.nbytes < nbytes:
+            buffer = self._replies[key] = HeaderedBuffer(self._transport, max(nbytes, 4096))
+        self._codec.pack_into(buffer.header, 0, "f2a", source.step_id, layer, stage,
+                              source.rows, self._role_rank)  # fmt: skip
+        buffer.publish_header()
+        if source.rows:
+            reply_partial(buffer.tensor, source.rows, self._wire).copy_(
+                output[source.offset : source.offset + source.rows]
+            )
+        return buffer.tensor[:nbytes]
 
     def _body(self, rank: int, stage: int, nbytes: int) -> torch.Tensor:
         """The receive buffer of ``rank``'s bodies in ``stage`` (grown when too small)."""

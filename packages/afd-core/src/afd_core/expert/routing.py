@@ -27,10 +27,19 @@ def rows_per_rank(
     """``result[f]``: indices (int64, ascending) of the rows with an expert on FFN rank ``f``.
 
     ``owners[e]`` is the FFN rank of global expert ``e`` (an int64 tensor on the device of
-    ``topk_ids``).
+    ``topk_ids``). A fixed number of tensor operations whatever the number of FFN ranks
+    (one mask of ranks by rows, one ``nonzero``, one host read of the counts).
     """
+    import torch
+
+    num_rows, device = topk_ids.shape[0], topk_ids.device
+    if num_ffn_ranks == 1:  # every expert is there
+        return [torch.arange(num_rows, device=device)]
     owner = owners[topk_ids.long()]
-    return [(owner == f).any(dim=1).nonzero().squeeze(1) for f in range(num_ffn_ranks)]
+    hit = torch.zeros((num_ffn_ranks, num_rows), dtype=torch.bool, device=device)
+    hit.scatter_(0, owner.t(), True)  # hit[f, row]: one of row's experts is on rank f
+    rows = hit.nonzero()[:, 1]  # rank by rank, rows ascending
+    return list(rows.split(hit.sum(dim=1).tolist()))
 
 
 def localize(
