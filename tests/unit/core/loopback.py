@@ -5,8 +5,10 @@ delivered to the peer's queue at once (a copy of its bytes), a receive takes the
 message of that peer when waited for. Like gloo, it refuses a message larger than the
 receive (gloo would abort the process) and accepts a shorter one;
 ``ExactLoopbackTransport`` accepts only a message of the receive's exact size, as NCCL
-does, so the endpoints' exact-size paths run on a CPU too. Closing a rank's transport
-wakes its own waits ("interrupted") and its peers' ("peer_closed").
+does, so the endpoints' exact-size paths run on a CPU too; given ``device="cuda"`` its
+tensors live in device memory (messages still travel through host bytes), so the
+endpoints' device-memory paths (what NCCL takes) run on one GPU without NCCL. Closing a
+rank's transport wakes its own waits ("interrupted") and its peers' ("peer_closed").
 
 ``loopback_connectors(a, f, wire)`` builds real composed connectors (afd-core's control
 channel and endpoints) whose world is a loopback fabric instead of a rendezvous.
@@ -45,18 +47,24 @@ class LoopbackTransport(Transport):
 
     accepts_short_messages = True
 
-    def __init__(self, fabric: Fabric, world_rank: int, name: str) -> None:
+    def __init__(self, fabric: Fabric, world_rank: int, name: str, device: str = "cpu") -> None:
         self._fabric = fabric
         self._rank = world_rank
         self._name = name
-        self._device = torch.device("cpu")
+        self._device = torch.device(device)
 
     @property
     def device(self) -> torch.device:
         return self._device
 
+    def to_device(self, host: torch.Tensor) -> torch.Tensor:
+        return host if self._device.type == "cpu" else host.to(self._device)
+
+    def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.cpu()
+
     def post_send(self, tensor: torch.Tensor, peer: int) -> Transfer:
-        data = bytes(tensor.contiguous().view(-1).view(torch.uint8).numpy())
+        data = bytes(tensor.contiguous().view(-1).view(torch.uint8).cpu().numpy())
         with self._fabric.cond:
             if self._rank in self._fabric.closed:
                 raise TransferFailed(peer, "interrupted", "loopback closed")
@@ -142,11 +150,17 @@ class LoopbackConnector(Connector):
     name = "Loopback"
 
     def __init__(
-        self, fabric: Fabric, *args: Any, graph_steps: bool = False, exact_sizes: bool = False
+        self,
+        fabric: Fabric,
+        *args: Any,
+        graph_steps: bool = False,
+        exact_sizes: bool = False,
+        device: str = "cpu",
     ) -> None:
         super().__init__(*args)
         self.fabric = fabric
         self.exact_sizes = exact_sizes
+        self.device = device
         self.replays = RecordingReplayGuard() if graph_steps else None
 
     def connect(self) -> ConnectorParts:
@@ -155,7 +169,7 @@ class LoopbackConnector(Connector):
             session=None,
             control=LoopbackTransport(self.fabric, self.world_rank, "control"),
             data=(ExactLoopbackTransport if self.exact_sizes else LoopbackTransport)(
-                self.fabric, self.world_rank, "data"
+                self.fabric, self.world_rank, "data", self.device
             ),
             failures=PeerFailures(self.topology, timeout_s, self.fuse),
             timeout_s=timeout_s,
@@ -176,12 +190,15 @@ def loopback_connectors(
     graph_steps: bool = False,
     exchange: str = "block",
     exact_sizes: bool = False,
+    device: str = "cpu",
 ) -> tuple[list[LoopbackConnector], list[LoopbackConnector]]:
     """``a`` attention and ``f`` FFN connectors of one initialised loopback world.
 
     ``exchange="expert"`` builds expert-routed connectors (the gate then runs on
     attention). FFN rank 0 is built first (it hosts the step relay's inbox).
-    ``exact_sizes``: the data plane takes only exact-size receives (NCCL's rule).
+    ``exact_sizes``: the data plane takes only exact-size receives (NCCL's rule);
+    ``device``: where the data plane's tensors live (``"cuda"``: with ``exact_sizes``, the
+    endpoints take NCCL's paths on one GPU).
     """
     fabric = Fabric()
 
@@ -196,8 +213,9 @@ def loopback_connectors(
             exchange=exchange,  # type: ignore[arg-type]
         )
         conn = LoopbackConnector(
-            fabric, cfg, rank, wire, graph_steps=graph_steps, exact_sizes=exact_sizes
-        )
+            fabric, cfg, rank, wire, graph_steps=graph_steps, exact_sizes=exact_sizes,
+            device=device,
+        )  # fmt: skip
         conn.initialize()
         return conn
 

@@ -55,12 +55,14 @@ def serve(conn, steps: int, seen: list) -> None:
 
 
 def run_world(
-    a: int, f: int, routes: dict[int, list[torch.Tensor]], exact_sizes: bool = False
+    a: int, f: int, routes: dict[int, list[torch.Tensor]], data_plane: str = "short-receives"
 ) -> tuple[list, list]:
     """Every attention rank sends one step: per layer, tokens with the given expert ids.
-    ``exact_sizes``: on a data plane that takes exact-size receives only (NCCL's rule:
-    header and body are messages of their own)."""
-    attention, ffn = loopback_connectors(a, f, WIRE, exchange="expert", exact_sizes=exact_sizes)
+    ``data_plane``: see :data:`DATA_PLANES`."""
+    exact, device = data_plane != "short-receives", "cuda" if data_plane.endswith("cuda") else "cpu"
+    attention, ffn = loopback_connectors(
+        a, f, WIRE, exchange="expert", exact_sizes=exact, device=device
+    )
     seen: list[list] = [[] for _ in range(f)]
     threads = [threading.Thread(target=serve, args=(c, 1 if a == 1 else a, seen[i]))
                for i, c in enumerate(ffn)]  # fmt: skip
@@ -89,21 +91,37 @@ def ids(*rows: tuple[int, int]) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.int32)
 
 
-@pytest.mark.parametrize("exact_sizes", [False, True], ids=["short-receives", "exact-sizes"])
-def test_each_rank_gets_only_rows_with_its_experts_and_the_sums_are_exact(exact_sizes):
+#: The loopback data planes: gloo's rule (a message may be shorter than its receive: header
+#: and body in one message), NCCL's (exact sizes: the header first, then the body), and
+#: NCCL's in device memory (headers packed on the host and copied in, read back with a
+#: device-to-host copy), which needs a CUDA device.
+DATA_PLANES = [
+    "short-receives",
+    "exact-sizes",
+    pytest.param(
+        "exact-sizes-cuda",
+        marks=pytest.mark.skipif(
+            not torch.cuda.is_available(), reason="needs a CUDA device (run on a GPU host)"
+        ),
+    ),
+]
+
+
+@pytest.mark.parametrize("data_plane", DATA_PLANES)
+def test_each_rank_gets_only_rows_with_its_experts_and_the_sums_are_exact(data_plane):
     routes = {0: [ids((0, 1), (0, 5), (6, 7)), ids((2, 3), (4, 4), (1, 7))]}
-    results, (sent, ffn0, ffn1) = run_world(1, 2, routes, exact_sizes)
+    results, (sent, ffn0, ffn1) = run_world(1, 2, routes, data_plane)
     assert results == [True, True]
     assert sent["dispatched_rows"] == {0: {1: 2, 2: 2}, 1: {1: 2, 2: 2}}
     assert ffn0["expert_block"] == [0, 4] and ffn1["expert_block"] == [4, 8]
     assert ffn0["received_rows"] == {1: 2, 2: 2} and ffn1["received_rows"] == {1: 2, 2: 2}
 
 
-@pytest.mark.parametrize("exact_sizes", [False, True], ids=["short-receives", "exact-sizes"])
-def test_a_rank_that_gets_no_row_of_a_layer_still_takes_part_in_it(exact_sizes):
+@pytest.mark.parametrize("data_plane", DATA_PLANES)
+def test_a_rank_that_gets_no_row_of_a_layer_still_takes_part_in_it(data_plane):
     # Layer 1: every token on FFN rank 0; layer 2: every token on FFN rank 2.
     routes = {0: [ids((0, 1), (2, 1)), ids((7, 6), (6, 7))]}
-    results, stats = run_world(1, 3, routes, exact_sizes)  # blocks 0..2 | 3..5 | 6..7
+    results, stats = run_world(1, 3, routes, data_plane)  # blocks 0..2 | 3..5 | 6..7
     assert results == [True, True]
     assert [s["received_rows"] for s in stats[1:]] == [{1: 2, 2: 0}, {1: 0, 2: 0}, {1: 0, 2: 2}]
 
