@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
+from afd_core import links as links_module
 from afd_core import seats
 from afd_core.errors import AFDPeerError, AFDProtocolError
 from afd_core.failures import Fuse, PeerFailures
-from afd_core.p2p import links as links_module
-from afd_core.p2p.links import AttentionLink, BlockLinks
+from afd_core.links import AttentionLink, BlockLinks
 from afd_core.rendezvous import Session
 from afd_core.topology import Topology
 

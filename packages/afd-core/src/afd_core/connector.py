@@ -324,7 +324,7 @@ class Connector(ABC):
     def replaces_attention_ranks(self) -> bool:
         """True when an attention rank that leaves can be replaced by a new server while
         the FFN ranks keep serving the others (the FFN role then never starts a new
-        rendezvous; see afd_core.p2p.links). False (this default): the FFN rank fails
+        rendezvous; see afd_core.links). False (this default): the FFN rank fails
         when an attention rank leaves, and the FFN role starts a new rendezvous for all
         of them."""
         return False

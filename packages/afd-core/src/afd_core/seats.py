@@ -1,7 +1,7 @@
 """Attention seats: which server holds an attention rank of a running world, and its successor.
 
 Connectors whose FFN rank gives every attention rank a link of its own (the P2P block
-exchange over gloo, :mod:`afd_core.p2p.links`) let an attention rank leave and a new
+exchange over gloo, :mod:`afd_core.links`) let an attention rank leave and a new
 server take its place, while the FFN rank keeps serving the others. The session store
 records each attention rank's *seat* under ``afd/<session>/``:
 

@@ -18,7 +18,7 @@ rank; :func:`open_link`: a world of two ranks per (attention rank, FFN rank) pai
    at the next step boundary (``Fuse.depart``), so steps in flight with other peers
    finish, and wakes the waits at a step boundary (:attr:`World.boundary_waiters`).
    (On a link the caller decides instead: an FFN rank may let the link go, see
-   :mod:`afd_core.p2p.links`.) Either way the connector's ``on_peer_lost`` runs next:
+   :mod:`afd_core.links`.) Either way the connector's ``on_peer_lost`` runs next:
    the role worker ends itself (a wait with no deadline, such as an expert-routed
    follower FFN rank waiting for its leader's next step, ends when the worker closes the
    connector).

@@ -24,7 +24,7 @@ vLLM's RPCs, and the FFN worker refuses ``execute_model``).
 
 When an attention rank leaves or is lost, a connector that replaces attention ranks
 (``Connector.replaces_attention_ranks``: the gloo connectors, see
-:mod:`afd_core.p2p.links`) lets that rank's link go by itself, keeps serving the others
+:mod:`afd_core.links`) lets that rank's link go by itself, keeps serving the others
 and takes in the server that replaces it; it fails only when no attention rank was
 linked for ``ffn_idle_limit_s``. With any other connector the attention ranks' leaving
 ends the loop (an ``AFDPeerError`` while serving: a goodbye, a closed or silent heartbeat

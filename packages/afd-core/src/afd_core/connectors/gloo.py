@@ -5,7 +5,7 @@ one link per attention rank and its FFN rank (:func:`afd_core.p2p.open_p2p_links
 group carrying the control channel and the data plane under two tags,
 :mod:`afd_core.transport.gloo`, and a liveness connection), and the P2P endpoints of
 :mod:`afd_core.p2p`. An attention server may stop and be replaced while its FFN rank
-serves the others (``ffn_idle_limit_s`` > 0, :mod:`afd_core.p2p.links`). World order:
+serves the others (``ffn_idle_limit_s`` > 0, :mod:`afd_core.links`). World order:
 FFN ranks first; FFN rank 0 hosts the rendezvous store at ``config.host:config.port``.
 ``connector_extra_config`` takes no fields.
 """

@@ -32,8 +32,8 @@ from afd_core.wire import CONTROL_FRAME_BYTES, decode_control_frame, encode_cont
 
 if TYPE_CHECKING:
     from afd_core.connector import FFNStep
+    from afd_core.links import AttentionLink, BlockLinks
     from afd_core.metadata import ControlPayload
-    from afd_core.p2p.links import AttentionLink, BlockLinks
 
 #: What an inbox thread waits for, in error messages.
 NEXT_PAYLOAD = "the next control payload"
@@ -97,7 +97,7 @@ class _Receiver:
 class ControlInbox:
     """FFN side: the control payloads of the attention ranks of ``links``.
 
-    Links added or lost while it runs (replaceable links, :mod:`afd_core.p2p.links`) are
+    Links added or lost while it runs (replaceable links, :mod:`afd_core.links`) are
     taken in by :meth:`next_step`, between steps: a lost link's receiver thread is ended
     and its queued payloads dropped, a new link gets a receiver thread and its step ids
     start afresh.

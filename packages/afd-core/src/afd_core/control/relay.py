@@ -20,7 +20,7 @@ for it, bounded by the AFD timeout.
 The leader's wait for payloads and a follower's wait for step frames have no deadline
 (an idle attention role is normal) and end when the connector closes; forwarding a step
 is bounded by the AFD timeout. Links added or lost reach both relays at step
-boundaries only (:meth:`~afd_core.p2p.links.BlockLinks.settle`).
+boundaries only (:meth:`~afd_core.links.BlockLinks.settle`).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from afd_core.wire import decode_step_frame, encode_step_frame, step_frame_bytes
 
 if TYPE_CHECKING:
     from afd_core.connector import FFNStep
+    from afd_core.links import AttentionLink, BlockLinks
     from afd_core.metadata import ControlPayload
-    from afd_core.p2p.links import AttentionLink, BlockLinks
 
 #: FFN rank 0 leads; it is rank 0 of every group of FFN ranks (FFN ranks come first).
 LEADER_RANK = 0

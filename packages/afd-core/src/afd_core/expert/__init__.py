@@ -30,7 +30,7 @@ from afd_core.expert.attention import ExpertAttentionEndpoint, FFNPeer
 from afd_core.expert.ffn import ExpertFFNEndpoint
 from afd_core.expert.messages import check_packable
 from afd_core.expert.placement import ExpertPlacement
-from afd_core.p2p.links import BlockLinks, LinkAcceptor, open_ffn_links, shared_links
+from afd_core.links import BlockLinks, LinkAcceptor, open_ffn_links, shared_links
 from afd_core.rendezvous import Session
 from afd_core.world import (
     FFN_ON_LINK,
@@ -96,7 +96,7 @@ def open_expert_links(connector: Connector, data: DataTransportFactory) -> Conne
     FFN side: the rendezvous, the group of the FFN ranks, a link with every attention
     rank (in attention rank order: no two ranks wait for each other in a cycle), the
     relay and, when attention ranks may be replaced (``ffn_idle_limit_s`` > 0), the
-    :class:`~afd_core.p2p.links.LinkAcceptor`. FFN rank 0 keeps the seat records. Bounded
+    :class:`~afd_core.links.LinkAcceptor`. FFN rank 0 keeps the seat records. Bounded
     by the AFD timeout.
     """
     check_packable(connector.wire)

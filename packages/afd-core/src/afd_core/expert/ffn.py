@@ -10,7 +10,7 @@ the rows of all attention ranks concatenated with their routing in local expert 
 frame: a header and the partial result of its rows
 (:func:`~afd_core.expert.messages.reply_bytes`).
 
-Each attention rank's messages travel on its link (:mod:`afd_core.p2p.links`: one world
+Each attention rank's messages travel on its link (:mod:`afd_core.links`: one world
 shared by every rank, or a world of its own per pair on gloo). A lost replaceable link
 drops out of the layer in flight: its rows are empty on this FFN rank and it is sent
 nothing, while the other attention ranks of the step are served as usual.
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     import torch
 
     from afd_core.control.relay import RelayedStep, StepSource
-    from afd_core.p2p.links import AttentionLink, BlockLinks
+    from afd_core.links import AttentionLink, BlockLinks
 
 
 @dataclass(slots=True)

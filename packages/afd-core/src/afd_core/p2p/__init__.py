@@ -3,8 +3,8 @@
 * :mod:`~afd_core.p2p.attention`: :class:`P2pAttentionEndpoint`;
 * :mod:`~afd_core.p2p.ffn`: :class:`P2pFFNEndpoint`;
 * :mod:`~afd_core.p2p.headers`: the per-step header rows both sides write and check;
-* :mod:`~afd_core.p2p.links`: the FFN rank's links to its attention ranks, and servers
-  that replace an attention rank.
+* the FFN rank's links to its attention ranks, and servers that replace an attention
+  rank, live in :mod:`afd_core.links` (the expert-routed exchange uses them too).
 
 Two ways to lay out a P2P connector's transports:
 
@@ -25,9 +25,9 @@ from afd_core.connector import Connector, ConnectorParts
 from afd_core.control.channel import ControlInbox, ControlSender
 from afd_core.endpoint_context import EndpointContext
 from afd_core.graphs import ReplayGuard
+from afd_core.links import BlockLinks, LinkAcceptor, open_ffn_links, shared_links
 from afd_core.p2p.attention import P2pAttentionEndpoint, P2pPeer
 from afd_core.p2p.ffn import P2pFFNEndpoint
-from afd_core.p2p.links import BlockLinks, LinkAcceptor, open_ffn_links, shared_links
 from afd_core.rendezvous import Session
 from afd_core.world import (
     FFN_ON_LINK,
@@ -109,7 +109,7 @@ def open_p2p_links(connector: Connector, data: DataTransportFactory) -> Connecto
     left, :mod:`afd_core.seats`), then its link with its FFN rank. FFN side: the
     rendezvous, a link with every attention rank of its block, the control inbox and,
     when attention ranks may be replaced (``ffn_idle_limit_s`` > 0), the
-    :class:`~afd_core.p2p.links.LinkAcceptor`. Bounded by the AFD timeout.
+    :class:`~afd_core.links.LinkAcceptor`. Bounded by the AFD timeout.
     """
     config, topology = connector.config, connector.topology
     # Seats are marked only by an FFN rank that lets links go; an attention rank always

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from afd_core.p2p.links import AttentionLink, BlockLinks
+    from afd_core.links import AttentionLink, BlockLinks
 
 
 @dataclass(slots=True)
@@ -74,7 +74,7 @@ class P2pFFNEndpoint(FFNEndpoint):
 
     ``links`` are the FFN rank's links to the attention ranks of its block (their data
     transports carry the layers; a lost replaceable link drops out of the step in
-    flight, see :mod:`afd_core.p2p.links`); ``replays`` bounds the FFN rank's own graph
+    flight, see :mod:`afd_core.links`); ``replays`` bounds the FFN rank's own graph
     replays (None: no graph steps).
     """
 

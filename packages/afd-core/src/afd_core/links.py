@@ -1,4 +1,7 @@
-"""The FFN rank's links to the attention ranks of its block, and attention ranks that come and go.
+"""An FFN rank's links to the attention ranks it serves, and attention ranks that come and go.
+
+Shared by both exchange patterns: P2P (the attention ranks of the FFN rank's block) and
+expert-routed (every attention rank).
 
 An :class:`AttentionLink` is how an FFN rank reaches one attention rank: the control
 and data transports it uses, that rank's number on them and how to name it in errors.
