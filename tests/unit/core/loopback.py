@@ -5,10 +5,13 @@ delivered to the peer's queue at once (a copy of its bytes), a receive takes the
 message of that peer when waited for. Like gloo, it refuses a message larger than the
 receive (gloo would abort the process) and accepts a shorter one;
 ``ExactLoopbackTransport`` accepts only a message of the receive's exact size, as NCCL
-does, so the endpoints' exact-size paths run on a CPU too; given ``device="cuda"`` its
-tensors live in device memory (messages still travel through host bytes), so the
-endpoints' device-memory paths (what NCCL takes) run on one GPU without NCCL. Closing a
-rank's transport wakes its own waits ("interrupted") and its peers' ("peer_closed").
+does, so the endpoints' exact-size paths run on a CPU too; ``DeviceLoopbackTransport``
+also keeps its tensors in device memory and declares NCCL's rules (ordered pairs, waits
+that need ``synchronize``), so the endpoints' device paths (what NCCL takes: headers
+copied to the device, checked there once per step) run on one GPU without NCCL; messages
+still travel through host bytes. :data:`DATA_PLANES` names the three for parametrized
+tests. Closing a rank's transport wakes its own waits ("interrupted") and its peers'
+("peer_closed").
 
 ``loopback_connectors(a, f, wire)`` builds real composed connectors (afd-core's control
 channel and endpoints) whose world is a loopback fabric instead of a rendezvous.
@@ -22,6 +25,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
+import pytest
 import torch
 
 from afd_core.config import AFDConfig
@@ -116,6 +120,38 @@ class ExactLoopbackTransport(LoopbackTransport):
         assert message == room, f"a {message}-byte message into a {room}-byte receive"
 
 
+class DeviceLoopbackTransport(ExactLoopbackTransport):
+    """An exact-size loopback in CUDA memory with NCCL's pairing and waiting rules."""
+
+    ordered_pairs = True
+    blocking_waits = False
+
+    def __init__(self, fabric: Fabric, world_rank: int, name: str) -> None:
+        super().__init__(fabric, world_rank, name, "cuda")
+
+
+_DATA_PLANES = {
+    "short-receives": LoopbackTransport,
+    "exact-sizes": ExactLoopbackTransport,
+    "device": DeviceLoopbackTransport,
+}
+
+#: ``pytest.mark.parametrize("data_plane", DATA_PLANES)``: gloo's rule (a message may be
+#: shorter than its receive), NCCL's exact sizes in host memory, and NCCL's rules in
+#: device memory (skipped without a CUDA device).
+DATA_PLANES = [
+    "short-receives",
+    "exact-sizes",
+    pytest.param(
+        "device",
+        marks=pytest.mark.skipif(
+            not torch.cuda.is_available(),
+            reason="the device data plane needs a CUDA device (run on a GPU host)",
+        ),
+    ),
+]
+
+
 class RecordingReplayGuard:
     """A replay guard for host transports: nothing runs on a device, calls are recorded."""
 
@@ -154,13 +190,11 @@ class LoopbackConnector(Connector):
         fabric: Fabric,
         *args: Any,
         graph_steps: bool = False,
-        exact_sizes: bool = False,
-        device: str = "cpu",
+        data_plane: str = "short-receives",
     ) -> None:
         super().__init__(*args)
         self.fabric = fabric
-        self.exact_sizes = exact_sizes
-        self.device = device
+        self.data_transport = _DATA_PLANES[data_plane]
         self.replays = RecordingReplayGuard() if graph_steps else None
 
     def connect(self) -> ConnectorParts:
@@ -168,9 +202,7 @@ class LoopbackConnector(Connector):
         world = World(
             session=None,
             control=LoopbackTransport(self.fabric, self.world_rank, "control"),
-            data=(ExactLoopbackTransport if self.exact_sizes else LoopbackTransport)(
-                self.fabric, self.world_rank, "data", self.device
-            ),
+            data=self.data_transport(self.fabric, self.world_rank, "data"),
             failures=PeerFailures(self.topology, timeout_s, self.fuse),
             timeout_s=timeout_s,
         )
@@ -189,16 +221,13 @@ def loopback_connectors(
     gate: bool = False,
     graph_steps: bool = False,
     exchange: str = "block",
-    exact_sizes: bool = False,
-    device: str = "cpu",
+    data_plane: str = "short-receives",
 ) -> tuple[list[LoopbackConnector], list[LoopbackConnector]]:
     """``a`` attention and ``f`` FFN connectors of one initialised loopback world.
 
     ``exchange="expert"`` builds expert-routed connectors (the gate then runs on
     attention). FFN rank 0 is built first (it hosts the step relay's inbox).
-    ``exact_sizes``: the data plane takes only exact-size receives (NCCL's rule);
-    ``device``: where the data plane's tensors live (``"cuda"``: with ``exact_sizes``, the
-    endpoints take NCCL's paths on one GPU).
+    ``data_plane``: one of :data:`DATA_PLANES` (default: gloo's rules in host memory).
     """
     fabric = Fabric()
 
@@ -213,9 +242,8 @@ def loopback_connectors(
             exchange=exchange,  # type: ignore[arg-type]
         )
         conn = LoopbackConnector(
-            fabric, cfg, rank, wire, graph_steps=graph_steps, exact_sizes=exact_sizes,
-            device=device,
-        )  # fmt: skip
+            fabric, cfg, rank, wire, graph_steps=graph_steps, data_plane=data_plane
+        )
         conn.initialize()
         return conn
 

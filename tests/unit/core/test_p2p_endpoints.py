@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 from afd_core.connector import WireSpec  # noqa: E402
 from afd_core.errors import AFDPeerError, AFDProtocolError, AFDShutdown  # noqa: E402
 from afd_core.metadata import AFDDPMetadata, ControlPayload  # noqa: E402
-from tests.unit.core.loopback import close_all, loopback_connectors  # noqa: E402
+from tests.unit.core.loopback import DATA_PLANES, close_all, loopback_connectors  # noqa: E402
 
 
 def payload(rank: int, step: int, *counts: int, **flags: bool) -> ControlPayload:
@@ -32,9 +32,10 @@ def wait_until_ready(ffn, ranks: tuple[int, ...]) -> None:
         time.sleep(0.01)
 
 
-def test_an_ffn_rank_computes_its_block_once_and_splits_the_result_back():
+@pytest.mark.parametrize("data_plane", DATA_PLANES)
+def test_an_ffn_rank_computes_its_block_once_and_splits_the_result_back(data_plane):
     wire = WireSpec(hidden_size=4, dtype="float32", num_exchange_layers=1)
-    attention, ffn = loopback_connectors(3, 1, wire)
+    attention, ffn = loopback_connectors(3, 1, wire, data_plane=data_plane)
     try:
         inputs = [torch.full((n, 4), float(r + 1)) for r, n in enumerate((2, 0, 3))]
         for conn, x in zip(attention, inputs, strict=True):
@@ -45,7 +46,7 @@ def test_an_ffn_rank_computes_its_block_once_and_splits_the_result_back():
         assert step.attention_ranks == (0, 1, 2)
         batch = ffn[0].ffn.recv(step, 0, 0)
         assert batch.splits == (2, 0, 3)
-        assert torch.equal(batch.hidden, torch.cat(inputs))
+        assert torch.equal(batch.hidden.cpu(), torch.cat(inputs))
         ffn[0].ffn.send(batch, batch.hidden * 10)
         for conn, x in zip(attention, inputs, strict=True):
             assert torch.equal(conn.attention.recv(0, 0), x * 10)
@@ -53,7 +54,8 @@ def test_an_ffn_rank_computes_its_block_once_and_splits_the_result_back():
         close_all(attention, ffn)
 
 
-def test_router_logits_travel_with_the_hidden_states_and_the_output_is_a_new_tensor():
+@pytest.mark.parametrize("data_plane", DATA_PLANES)
+def test_router_logits_travel_with_the_hidden_states_and_the_output_is_a_new_tensor(data_plane):
     wire = WireSpec(
         hidden_size=5,
         dtype="bfloat16",
@@ -61,15 +63,15 @@ def test_router_logits_travel_with_the_hidden_states_and_the_output_is_a_new_ten
         router_logits_width=3,
         router_logits_dtype="float32",
     )
-    (attn,), (ffn,) = loopback_connectors(1, 1, wire, gate=True)
+    (attn,), (ffn,) = loopback_connectors(1, 1, wire, gate=True, data_plane=data_plane)
     try:
         hidden = torch.arange(15, dtype=torch.bfloat16).view(3, 5)
         logits = torch.arange(9, dtype=torch.float32).view(3, 3) / 4
         attn.attention.begin_step(payload(0, 0, 3))
         attn.attention.send(0, 0, hidden, router_logits=logits)
         batch = ffn.ffn.recv(ffn.ffn.next_step(), 0, 0)
-        assert torch.equal(batch.hidden, hidden)
-        assert torch.equal(batch.router_logits, logits)
+        assert torch.equal(batch.hidden.cpu(), hidden)
+        assert torch.equal(batch.router_logits.cpu(), logits)
         ffn.ffn.send(batch, batch.hidden + 1)
         out = attn.attention.recv(0, 0)
         assert torch.equal(out, hidden + 1)
@@ -78,9 +80,10 @@ def test_router_logits_travel_with_the_hidden_states_and_the_output_is_a_new_ten
         close_all([attn], [ffn])
 
 
-def test_stages_of_one_step_may_interleave():
+@pytest.mark.parametrize("data_plane", DATA_PLANES)
+def test_stages_of_one_step_may_interleave(data_plane):
     wire = WireSpec(hidden_size=4, dtype="float32", num_exchange_layers=2)
-    (attn,), (ffn,) = loopback_connectors(1, 1, wire)
+    (attn,), (ffn,) = loopback_connectors(1, 1, wire, data_plane=data_plane)
     try:
         attn.attention.begin_step(payload(0, 0, 2, 3))
         step = None
@@ -106,6 +109,29 @@ def pair():
     attn.attention.begin_step(payload(0, 3, 2))
     yield attn, ffn
     close_all([attn], [ffn])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (device headers)")
+def test_in_device_memory_a_mispaired_layer_is_found_at_the_end_of_the_step_on_both_sides():
+    # NCCL's path: headers are compared on the device once the step's last message is in.
+    (attn,), (ffn,) = loopback_connectors(1, 1, WIRE, data_plane="device")
+    try:
+        attn.attention.begin_step(payload(0, 3, 2))
+        attn.attention.send(1, 0, torch.ones(2, 4))  # layer 1 where the FFN expects layer 0
+        step = ffn.ffn.next_step()
+        ffn.ffn.send(ffn.ffn.recv(step, 0, 0), torch.ones(2, 4, device="cuda"))
+        attn.attention.recv(1, 0)
+        attn.attention.send(0, 0, torch.ones(2, 4))
+        batch = ffn.ffn.recv(step, 1, 0)
+        with pytest.raises(
+            AFDProtocolError,
+            match=r"layer: received 1, expected 0.*\[sent by attention rank 0 \(world rank 1\)\]",
+        ):
+            ffn.ffn.send(batch, batch.hidden)
+        with pytest.raises(AFDProtocolError, match=r"f2a message .*\[sent by FFN rank 0"):
+            attn.attention.recv(0, 0)
+    finally:
+        close_all([attn], [ffn])
 
 
 def test_tensors_that_differ_from_the_announced_step_are_refused_before_sending(pair):

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 from afd_core.connector import ExpertRouting, WireSpec  # noqa: E402
 from afd_core.errors import AFDPeerError, AFDProtocolError  # noqa: E402
 from afd_core.metadata import AFDDPMetadata, ControlPayload  # noqa: E402
-from tests.unit.core.loopback import close_all, loopback_connectors  # noqa: E402
+from tests.unit.core.loopback import DATA_PLANES, close_all, loopback_connectors  # noqa: E402
 
 E, K, H = 8, 2, 4
 WIRE = WireSpec(
@@ -57,12 +57,9 @@ def serve(conn, steps: int, seen: list) -> None:
 def run_world(
     a: int, f: int, routes: dict[int, list[torch.Tensor]], data_plane: str = "short-receives"
 ) -> tuple[list, list]:
-    """Every attention rank sends one step: per layer, tokens with the given expert ids.
-    ``data_plane``: see :data:`DATA_PLANES`."""
-    exact, device = data_plane != "short-receives", "cuda" if data_plane.endswith("cuda") else "cpu"
-    attention, ffn = loopback_connectors(
-        a, f, WIRE, exchange="expert", exact_sizes=exact, device=device
-    )
+    """Every attention rank sends one step: per layer, tokens with the given expert ids
+    (``data_plane``: one of the loopback's ``DATA_PLANES``)."""
+    attention, ffn = loopback_connectors(a, f, WIRE, exchange="expert", data_plane=data_plane)
     seen: list[list] = [[] for _ in range(f)]
     threads = [threading.Thread(target=serve, args=(c, 1 if a == 1 else a, seen[i]))
                for i, c in enumerate(ffn)]  # fmt: skip
@@ -89,22 +86,6 @@ def run_world(
 
 def ids(*rows: tuple[int, int]) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.int32)
-
-
-#: The loopback data planes: gloo's rule (a message may be shorter than its receive: header
-#: and body in one message), NCCL's (exact sizes: the header first, then the body), and
-#: NCCL's in device memory (headers packed on the host and copied in, read back with a
-#: device-to-host copy), which needs a CUDA device.
-DATA_PLANES = [
-    "short-receives",
-    "exact-sizes",
-    pytest.param(
-        "exact-sizes-cuda",
-        marks=pytest.mark.skipif(
-            not torch.cuda.is_available(), reason="needs a CUDA device (run on a GPU host)"
-        ),
-    ),
-]
 
 
 @pytest.mark.parametrize("data_plane", DATA_PLANES)
