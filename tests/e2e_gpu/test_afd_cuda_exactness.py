@@ -1,6 +1,7 @@
 """AFD on CUDA serves what monolithic vLLM serves: same greedy tokens, close logprobs.
 
-Each case starts a 1A1F AFD deployment (FFN and attention vLLM servers with the CUDA role
+Each case starts a 1A1F AFD deployment (1A2F for the expert-routed cases: two FFN ranks,
+each with half the routed experts; FFN and attention vLLM servers with the CUDA role
 workers that ``worker_cls="auto"`` resolves to) and compares what the official ``openai``
 client gets from the attention server with what it gets from a plain vLLM server of the
 same tiny model under the same model runner (Qwen3-MoE; DeepSeek-V2 with MLA, its shared
@@ -85,7 +86,13 @@ class Case:
         mode = (
             "eager" if not self.graphs else "graphs" if self.graph_mode != "FULL" else "graphs-full"
         )
-        return f"{self.model}-1A1F-{gate}-runner-{self.runner}-{self.connector}-{order}-{mode}"
+        layout = f"1A{self.num_ffn_ranks}F"
+        return f"{self.model}-{layout}-{gate}-runner-{self.runner}-{self.connector}-{order}-{mode}"
+
+    @property
+    def num_ffn_ranks(self) -> int:
+        """Two for the expert-routed cases (each FFN rank holds half the experts), else one."""
+        return 2 if self.connector == M2N_GLOO else 1
 
     @property
     def role_env(self) -> dict[str, dict[str, str]]:
@@ -165,7 +172,7 @@ def test_afd_on_cuda_serves_the_same_tokens_as_monolithic_vllm(
         extra_env=env,
         role_env=case.role_env,
         start_timeout_s=START_TIMEOUT_S,
-        num_ffn_ranks=2 if case.connector == M2N_GLOO else 1,
+        num_ffn_ranks=case.num_ffn_ranks,
         connector_extra_config={"transport": "gloo"} if case.connector == M2N_GLOO else {},
     )
     with LocalDeployment(spec, work_dir=tmp_path, cache_root=vllm_cache_root) as deployment:
