@@ -141,7 +141,8 @@ class HeaderCodec:
     """Packs and expects the headers of one wire spec (the per-layer hot path).
 
     :meth:`pack_into` writes exactly ``TransferHeader(...).encode()`` into a buffer
-    without building the dataclass; :meth:`header` builds the dataclass (for error
+    without building the dataclass; :meth:`expect` checks received header bytes against
+    the values a receiver expects; :meth:`header` builds the dataclass (for error
     messages and tests).
     """
 
@@ -151,6 +152,7 @@ class HeaderCodec:
         self._logits_code = WIRE_DTYPES[wire.router_logits_dtype]
         self._no_logits_code = WIRE_DTYPES["float32"]
         self._layout = TransferHeader.LAYOUT
+        self._expected = memoryview(bytearray(HEADER_BYTES))
 
     def pack_into(
         self,
@@ -186,6 +188,30 @@ class HeaderCodec:
             self._logits_code if logits_width else self._no_logits_code,
             topk,
         )
+
+    def expect(
+        self,
+        raw: bytes,
+        sender: str,
+        direction: str,
+        step_id: int,
+        layer: int,
+        stage: int,
+        num_tokens: int,
+        sender_rank: int,
+        *,
+        topk: int = 0,
+    ) -> None:
+        """Raise AFDProtocolError (naming ``sender`` and every differing field) unless
+        ``raw`` is exactly the header :meth:`pack_into` writes for these values; the
+        comparison is of bytes, the dataclass is built only for the error."""
+        expected = self._expected
+        self.pack_into(expected, 0, direction, step_id, layer, stage, num_tokens, sender_rank,
+                       topk=topk)  # fmt: skip
+        if raw != expected:
+            header = self.header(direction, step_id, layer, stage, num_tokens, sender_rank,
+                                 topk=topk)  # fmt: skip
+            raise_header_mismatch(raw, header, sender)
 
     def num_tokens_of(self, raw: bytes) -> int:
         """The ``num_tokens`` field of the packed header ``raw``, unchecked: compare the

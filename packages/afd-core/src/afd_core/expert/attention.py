@@ -33,7 +33,7 @@ from afd_core.control.channel import ControlSender
 from afd_core.endpoint_context import EndpointContext, active_step, take_in_flight
 from afd_core.errors import AFDProtocolError
 from afd_core.expert.messages import (
-    HeaderedBuffer,
+    HeaderedBuffers,
     body_bytes,
     pack_body,
     read_header,
@@ -45,7 +45,7 @@ from afd_core.expert.routing import combine, rows_per_rank
 from afd_core.failures import guarded, layer_of_step
 from afd_core.metadata import ControlPayload
 from afd_core.transport import Transfer, TransferFailed
-from afd_core.wire import HEADER_BYTES, HeaderCodec, raise_header_mismatch
+from afd_core.wire import HEADER_BYTES, HeaderCodec
 
 if TYPE_CHECKING:
     import torch
@@ -140,8 +140,7 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
         self._owners = torch.tensor(placement.owners(), dtype=torch.int64, device=transport.device)
         self._step: _Step | None = None
         self._inflight: dict[int, _InFlight] = {}
-        self._buffers: dict[tuple[int, int], HeaderedBuffer] = {}
-        self._expected = memoryview(bytearray(HEADER_BYTES))
+        self._buffers = HeaderedBuffers(transport)
         self.dispatched = DispatchCounts()
 
     @guarded
@@ -219,13 +218,11 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
             except TransferFailed as exc:
                 doing = layer_of_step(layer, step.step_id)
                 raise ffn.failures.error(exc, doing) from None
-        parts, expected = [], self._expected
+        parts = []
         for f, route in enumerate(inflight.routes):
-            self._codec.pack_into(expected, 0, "f2a", step.step_id, layer, stage, route.count, f)
             raw = read_header(route.ffn.transport, route.reply)
-            if raw != expected:
-                header = self._codec.header("f2a", step.step_id, layer, stage, route.count, f)
-                raise_header_mismatch(raw, header, route.ffn.name)
+            self._codec.expect(raw, route.ffn.name, "f2a", step.step_id, layer, stage,
+                               route.count, f)  # fmt: skip
             if route.count:
                 parts.append((route.rows, reply_partial(route.reply, route.count, self._wire)))
         step.done += 1
@@ -281,12 +278,7 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
         (no body without rows) where message sizes must match exactly."""
         count = rows.numel()
         nbytes = body_bytes(count, self._wire)
-        key = (stage, ffn_rank)
-        buffer = self._buffers.get(key)
-        if buffer is None or buffer.nbytes < HEADER_BYTES + nbytes:
-            buffer = self._buffers[key] = HeaderedBuffer(
-                self._transport, max(HEADER_BYTES + nbytes, 4096)
-            )
+        buffer = self._buffers.get((stage, ffn_rank), HEADER_BYTES + nbytes)
         message = buffer.tensor
         if count:
             pack_body(message[HEADER_BYTES : HEADER_BYTES + nbytes], hidden, ids, weights, rows,

@@ -31,7 +31,7 @@ from afd_core.connector import ExpertRouting, FFNEndpoint, FFNLayerBatch, FFNSte
 from afd_core.endpoint_context import EndpointContext
 from afd_core.errors import AFDProtocolError
 from afd_core.expert.messages import (
-    HeaderedBuffer,
+    HeaderedBuffers,
     body_bytes,
     read_header,
     reply_bytes,
@@ -41,7 +41,7 @@ from afd_core.expert.messages import (
 from afd_core.expert.routing import localize
 from afd_core.failures import guarded, guarded_until_closed, layer_of_step
 from afd_core.transport import Transfer, TransferFailed
-from afd_core.wire import HEADER_BYTES, HeaderCodec, raise_header_mismatch
+from afd_core.wire import HEADER_BYTES, HeaderCodec
 
 if TYPE_CHECKING:
     import torch
@@ -101,8 +101,7 @@ class ExpertFFNEndpoint(FFNEndpoint):
         self._layers = wire.exchange_layers
         self._codec = HeaderCodec(wire)
         self._bodies: dict[tuple[int, int], torch.Tensor] = {}
-        self._replies: dict[tuple[int, int], HeaderedBuffer] = {}
-        self._expected = memoryview(bytearray(HEADER_BYTES))
+        self._replies = HeaderedBuffers(context.transport)
         self._sources: dict[int, list[_Source]] = {}
         self.received = ReceivedRows({})
 
@@ -296,15 +295,10 @@ class ExpertFFNEndpoint(FFNEndpoint):
     ) -> int:
         """The routed row count the header of a received ``message`` announces, after
         checking the rest."""
-        codec, expected = self._codec, self._expected
         raw = read_header(self._transport, message)
-        rows = codec.num_tokens_of(raw)
-        codec.pack_into(expected, 0, "a2f", step_id, layer, stage, rows, link.rank,
-                        topk=self._wire.top_k)  # fmt: skip
-        if raw != expected:
-            header = codec.header("a2f", step_id, layer, stage, rows, link.rank,
-                                  topk=self._wire.top_k)  # fmt: skip
-            raise_header_mismatch(raw, header, link.name)
+        rows = self._codec.num_tokens_of(raw)
+        self._codec.expect(raw, link.name, "a2f", step_id, layer, stage, rows, link.rank,
+                           topk=self._wire.top_k)  # fmt: skip
         if rows > room:
             raise AFDProtocolError(
                 f"AFD data: {link.name} routed {rows} rows of layer {layer} to FFN rank "
@@ -315,10 +309,7 @@ class ExpertFFNEndpoint(FFNEndpoint):
     def _reply(self, source: _Source, layer: int, stage: int, output: torch.Tensor) -> torch.Tensor:
         """``source``'s reply frame: the header, then its rows of ``output``."""
         nbytes = reply_bytes(source.rows, self._wire)
-        key = (source.rank, stage)
-        buffer = self._replies.get(key)
-        if buffer is None or buffer.nbytes < nbytes:
-            buffer = self._replies[key] = HeaderedBuffer(self._transport, max(nbytes, 4096))
+        buffer = self._replies.get((source.rank, stage), nbytes)
         self._codec.pack_into(buffer.header, 0, "f2a", source.step_id, layer, stage,
                               source.rows, self._role_rank)  # fmt: skip
         buffer.publish_header()

@@ -12,7 +12,8 @@
   of :func:`reply_bytes`. Both sides know the row count (the attention rank routed the
   rows, the FFN rank read it in their header), so the size is exact on every transport.
 * :class:`HeaderedBuffer`: a reused send buffer whose first 64 bytes take a header,
-  written in place (host memory) or copied in (device memory).
+  written in place (host memory) or copied in (device memory); :class:`HeaderedBuffers`
+  keeps one per key, grown when a message does not fit.
 """
 
 from __future__ import annotations
@@ -140,3 +141,19 @@ class HeaderedBuffer:
         """Make the header packed into :attr:`header` part of :attr:`tensor`."""
         if self._staging is not None:
             self.tensor[:HEADER_BYTES].copy_(self._staging)
+
+
+class HeaderedBuffers:
+    """One :class:`HeaderedBuffer` per key on ``transport``'s device, made at first use and
+    replaced by a larger one when a message does not fit (at least 4 KiB each)."""
+
+    def __init__(self, transport: Transport) -> None:
+        self._transport = transport
+        self._buffers: dict[tuple[int, int], HeaderedBuffer] = {}
+
+    def get(self, key: tuple[int, int], nbytes: int) -> HeaderedBuffer:
+        """The buffer of ``key``, at least ``nbytes`` long."""
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.nbytes < nbytes:
+            buffer = self._buffers[key] = HeaderedBuffer(self._transport, max(nbytes, 4096))
+        return buffer
