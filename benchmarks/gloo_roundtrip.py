@@ -130,18 +130,19 @@ def _ffn(
     _, raw = _raw_group(0, raw_port)
     for hidden in hiddens:
         conn = _connector("ffn", conn_port, hidden)
+        ffn = conn.ffn  # as the FFN server holds it: one endpoint per connector
         for tokens in tokens_list:
             buf = torch.empty(tokens * hidden, dtype=torch.bfloat16)
             header = torch.zeros(HEADER_BYTES, dtype=torch.uint8)
             for _ in range(rounds + 1):  # the first round warms up
-                step = conn.ffn.next_step()
+                step = ffn.next_step()
                 for layer in range(BLOCK):
                     raw.recv([buf], 1, TAG_PING).wait()
                     raw.send([buf], 1, TAG_PONG).wait()
                     _wait_all([raw.recv([header], 1, TAG_PING), raw.recv([buf], 1, TAG_PING)])
                     _wait_all([raw.send([header], 1, TAG_PONG), raw.send([buf], 1, TAG_PONG)])
-                    batch = conn.ffn.recv(step, layer, 0)
-                    conn.ffn.send(batch, batch.hidden)
+                    batch = ffn.recv(step, layer, 0)
+                    ffn.send(batch, batch.hidden)
         conn.close()
         conn_port += 1
 
@@ -163,6 +164,7 @@ def _attention(
     rows = []
     for hidden in hiddens:
         conn = _connector("attention", conn_port, hidden)
+        attention = conn.attention  # as the exchange op holds it: one endpoint per connector
         step_id = 0
         for tokens in tokens_list:
             x = torch.randn(tokens, hidden).to(torch.bfloat16)
@@ -173,7 +175,7 @@ def _attention(
             for r in range(rounds + 1):
                 payload = ControlPayload(step_id, 0, (AFDDPMetadata(0, (tokens,)),))
                 t0 = time.perf_counter()
-                conn.attention.begin_step(payload)
+                attention.begin_step(payload)
                 if r:
                     control_us.append((time.perf_counter() - t0) * 1e6)
                 for layer in range(BLOCK):  # alternate, so both see the same load
@@ -187,8 +189,8 @@ def _attention(
                         raw.send([header_out], 0, TAG_PING), raw.send([ping], 0, TAG_PING),
                     ])  # fmt: skip
                     t2 = time.perf_counter()
-                    conn.attention.send(layer, 0, x)
-                    y = conn.attention.recv(layer, 0)
+                    attention.send(layer, 0, x)
+                    y = attention.recv(layer, 0)
                     t3 = time.perf_counter()
                     if r:
                         raw_us.append((t1 - t0) * 1e6)

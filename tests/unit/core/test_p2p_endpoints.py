@@ -2,6 +2,10 @@
 
 Real composed connectors (control sender and inbox threads, endpoints, header rows) on
 :mod:`tests.unit.core.loopback` instead of gloo: the protocol's rules without sockets.
+On the host data planes the tests' small messages are frames (header and tensors in one
+message, :mod:`afd_core.p2p.frames`); the ``message_form`` fixture runs a test a second
+time with every message as a header message and bare tensors, the form that messages
+above the frame limit take.
 """
 
 from __future__ import annotations
@@ -16,7 +20,16 @@ torch = pytest.importorskip("torch")
 from afd_core.connector import WireSpec  # noqa: E402
 from afd_core.errors import AFDPeerError, AFDProtocolError, AFDShutdown  # noqa: E402
 from afd_core.metadata import AFDDPMetadata, ControlPayload  # noqa: E402
+from afd_core.p2p import frames  # noqa: E402
 from tests.unit.core.loopback import DATA_PLANES, close_all, loopback_connectors  # noqa: E402
+
+
+@pytest.fixture(params=["frames", "header-messages"])
+def message_form(request, monkeypatch):
+    """Host-plane messages as frames (the tests' sizes), or all above the frame limit."""
+    if request.param == "header-messages":
+        monkeypatch.setattr(frames, "FRAME_LIMIT_BYTES", 0)
+    return request.param
 
 
 def payload(rank: int, step: int, *counts: int, **flags: bool) -> ControlPayload:
@@ -33,7 +46,7 @@ def wait_until_ready(ffn, ranks: tuple[int, ...]) -> None:
 
 
 @pytest.mark.parametrize("data_plane", DATA_PLANES)
-def test_an_ffn_rank_computes_its_block_once_and_splits_the_result_back(data_plane):
+def test_an_ffn_rank_computes_its_block_once_and_splits_the_result_back(data_plane, message_form):
     wire = WireSpec(hidden_size=4, dtype="float32", num_exchange_layers=1)
     attention, ffn = loopback_connectors(3, 1, wire, data_plane=data_plane)
     try:
@@ -55,7 +68,9 @@ def test_an_ffn_rank_computes_its_block_once_and_splits_the_result_back(data_pla
 
 
 @pytest.mark.parametrize("data_plane", DATA_PLANES)
-def test_router_logits_travel_with_the_hidden_states_and_the_output_is_a_new_tensor(data_plane):
+def test_router_logits_travel_with_the_hidden_states_and_the_output_is_a_new_tensor(
+    data_plane, message_form
+):
     wire = WireSpec(
         hidden_size=5,
         dtype="bfloat16",
@@ -81,7 +96,7 @@ def test_router_logits_travel_with_the_hidden_states_and_the_output_is_a_new_ten
 
 
 @pytest.mark.parametrize("data_plane", DATA_PLANES)
-def test_stages_of_one_step_may_interleave(data_plane):
+def test_stages_of_one_step_may_interleave(data_plane, message_form):
     wire = WireSpec(hidden_size=4, dtype="float32", num_exchange_layers=2)
     (attn,), (ffn,) = loopback_connectors(1, 1, wire, data_plane=data_plane)
     try:
@@ -100,11 +115,53 @@ def test_stages_of_one_step_may_interleave(data_plane):
         close_all([attn], [ffn])
 
 
+def test_ranks_of_one_step_may_send_frames_and_header_messages_side_by_side(monkeypatch):
+    # hidden 4 x float32: a frame of 2 rows is 96 bytes, of 3 rows 112: only 2 rows fit
+    monkeypatch.setattr(frames, "FRAME_LIMIT_BYTES", 100)
+    wire = WireSpec(hidden_size=4, dtype="float32", num_exchange_layers=2)
+    attention, ffn = loopback_connectors(2, 1, wire, data_plane="exact-sizes")
+    try:
+        inputs = [torch.full((2, 4), 1.0), torch.arange(12.0).view(3, 4)]
+        for conn, x in zip(attention, inputs, strict=True):
+            conn.attention.begin_step(payload(conn.role_rank, 0, x.shape[0]))
+        wait_until_ready(ffn[0], (0, 1))
+        step = ffn[0].ffn.next_step()
+        for layer in range(2):
+            for conn, x in zip(attention, inputs, strict=True):
+                conn.attention.send(layer, 0, x + layer)
+            batch = ffn[0].ffn.recv(step, layer, 0)
+            assert torch.equal(batch.hidden, torch.cat(inputs) + layer)
+            ffn[0].ffn.send(batch, batch.hidden * 2)
+            for conn, x in zip(attention, inputs, strict=True):
+                assert torch.equal(conn.attention.recv(layer, 0), (x + layer) * 2)
+    finally:
+        close_all(attention, ffn)
+
+
+def test_replies_too_large_for_one_block_get_a_frame_each(monkeypatch):
+    monkeypatch.setattr(frames, "REPLY_BLOCK_BYTES", 0)
+    wire = WireSpec(hidden_size=4, dtype="float32", num_exchange_layers=3)
+    (attn,), (ffn,) = loopback_connectors(1, 1, wire)
+    try:
+        attn.attention.begin_step(payload(0, 0, 2))
+        step, outputs = None, []
+        for layer in range(3):
+            attn.attention.send(layer, 0, torch.full((2, 4), float(layer)))
+            step = step or ffn.ffn.next_step()
+            batch = ffn.ffn.recv(step, layer, 0)
+            ffn.ffn.send(batch, batch.hidden + 1)
+            outputs.append(attn.attention.recv(layer, 0))
+        for layer, out in enumerate(outputs):  # each its own tensor, unchanged by later ones
+            assert torch.equal(out, torch.full((2, 4), layer + 1.0))
+    finally:
+        close_all([attn], [ffn])
+
+
 WIRE = WireSpec(hidden_size=4, dtype="float32", num_exchange_layers=2)
 
 
 @pytest.fixture
-def pair():
+def pair(message_form):
     (attn,), (ffn,) = loopback_connectors(1, 1, WIRE)
     attn.attention.begin_step(payload(0, 3, 2))
     yield attn, ffn

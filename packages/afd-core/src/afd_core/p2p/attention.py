@@ -1,10 +1,17 @@
 """``P2pAttentionEndpoint``: the attention side of the P2P exchange, over any transport.
 
 An attention rank talks to the one FFN rank serving its block (:mod:`afd_core.topology`).
-Per step it announces the step on the control channel; per layer and stage it sends a
-header message and the hidden states (then the router logits, when the layer carries
-them) as bare tensors, and receives a header message and the FFN result straight into a
-new tensor that becomes the caller's output: no copy on either path (docs/wire-protocol.md).
+Per step it announces the step on the control channel; per layer and stage it sends the
+hidden states (and the router logits, when the layer carries them) and receives the FFN
+result (docs/wire-protocol.md):
+
+* small messages on a host-memory transport (gloo) as one frame each way
+  (:mod:`afd_core.p2p.frames`): the header and the tensors are copied into the stage's
+  send frame, and the reply lands in a frame whose rows become the caller's output (a
+  new tensor per layer, no copy);
+* otherwise (larger messages, device transports such as NCCL) as a header message
+  followed by the bare tensors, sent from the caller's tensors and received straight
+  into a new output tensor (no copy).
 
 Posting order: on a transport whose pair operations run in posting order (NCCL) the
 sends go first, since a receive posted first would block the send the FFN rank waits
@@ -26,9 +33,17 @@ from afd_core.errors import AFDError, AFDProtocolError
 from afd_core.failures import guarded, layer_of_step
 from afd_core.graphs import ReplayGuard
 from afd_core.metadata import ControlPayload
+from afd_core.p2p.frames import (
+    FrameBuffer,
+    FrameLayout,
+    HeldFrame,
+    ReplyFrames,
+    memmove,
+    uses_frames,
+)
 from afd_core.p2p.headers import IncomingHeaders, OutgoingHeaders
 from afd_core.transport import Transfer, TransferFailed
-from afd_core.wire import HeaderCodec
+from afd_core.wire import HEADER_BYTES, HeaderCodec
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -49,13 +64,24 @@ class _Step:
 
 @dataclass(slots=True)
 class _InFlight:
-    """One stage's exchange between ``send`` and ``recv``."""
+    """One stage's exchange between ``send`` and ``recv``: ``home`` is the caller's device
+    when the output must go back there (None: hand it out as it is); ``reply_frame`` the
+    host address of the reply's frame (0: the reply has no frame)."""
 
     layer: int
     row: int
     transfers: list[Transfer]
     out: torch.Tensor
-    home: torch.device
+    home: torch.device | None
+    reply_frame: int = 0
+
+
+@dataclass(slots=True)
+class _StageFrames:
+    """One stage's frames in a step (host transports): what it sends, where replies land."""
+
+    send: HeldFrame
+    replies: ReplyFrames
 
 
 @dataclass(frozen=True)
@@ -97,12 +123,17 @@ class P2pAttentionEndpoint(AttentionEndpoint):
         self._logits_dtype = getattr(torch, wire.router_logits_dtype)
         self._layers = wire.exchange_layers
         self._index = {layer: i for i, layer in enumerate(self._layers)}
+        self._logits_widths = {layer: wire.logits_width_at(layer) for layer in self._layers}
         self._codec = HeaderCodec(wire)
         self._step: _Step | None = None
         self._inflight: dict[int, _InFlight] = {}
         self._outgoing: OutgoingHeaders | None = None
         self._incoming: IncomingHeaders | None = None
         self._sender_name = context.failures.describe(peer.transport_rank)
+        # Small messages on host transports are frames: a send buffer per stage, and each
+        # stage's frames in the step (None: the stage's messages are not frames).
+        self._send_buffers: list[FrameBuffer] = []
+        self._frames: list[_StageFrames | None] = []
 
     @guarded
     def begin_step(self, payload: ControlPayload) -> None:
@@ -160,6 +191,22 @@ class P2pAttentionEndpoint(AttentionEndpoint):
                 )
         self._outgoing.publish()
         self._incoming.publish()
+        self._lay_out_frames(tokens)
+
+    def _lay_out_frames(self, tokens: tuple[int, ...]) -> None:
+        """Each stage's send frame and reply frames in the step, for stages whose messages
+        are frames."""
+        while len(self._send_buffers) < len(tokens):
+            self._send_buffers.append(FrameBuffer())
+        wire = self._wire
+        self._frames = []
+        for buffer, n in zip(self._send_buffers, tokens, strict=False):
+            layout = FrameLayout.of(wire, n)
+            if not uses_frames(self._transport, layout):
+                self._frames.append(None)
+                continue
+            replies = ReplyFrames(len(self._layers), layout, wire.hidden_size, self._dtype)
+            self._frames.append(_StageFrames(buffer.hold(layout), replies))
 
     def send(
         self,
@@ -189,7 +236,7 @@ class P2pAttentionEndpoint(AttentionEndpoint):
     ) -> None:
         # The hot path: a few cheap checks; _reject_send explains whichever failed.
         step, index = self._step, self._index.get(layer)
-        width = self._wire.logits_width_at(layer)
+        width = self._logits_widths.get(layer, 0)
         if (
             step is None
             or index is None
@@ -211,51 +258,106 @@ class P2pAttentionEndpoint(AttentionEndpoint):
         ):
             self._reject_send(layer, stage, hidden, router_logits, routing)
         assert step is not None and index is not None
-        n = step.tokens[stage]
-        transport, peer = self._transport, self._peer.transport_rank
-        device = transport.device
-        home = hidden.device
-        if home != device:
-            hidden = hidden.to(device)
-        out = self._empty((n, self._wire.hidden_size), dtype=self._dtype, device=device)
         row = stage * len(self._layers) + index
-        if router_logits is not None:
-            logits = router_logits.to(device).contiguous()
         try:
             if step.graph:
-                if transport.ordered_pairs:
-                    transfers = [transport.post_send(hidden, peer)]
-                    if router_logits is not None:
-                        transfers.append(transport.post_send(logits, peer))
-                    transfers.append(transport.post_recv(out, peer))
-                else:
-                    transfers = [transport.post_recv(out, peer), transport.post_send(hidden, peer)]
-                    if router_logits is not None:
-                        transfers.append(transport.post_send(logits, peer))
+                inflight = self._post_bare(layer, row, hidden, router_logits)
+            elif self._frames[stage] is not None:
+                inflight = self._post_frame(layer, stage, index, row, hidden, router_logits)
             else:
-                outgoing, incoming = self._outgoing, self._incoming
-                assert outgoing is not None and incoming is not None
-                if transport.ordered_pairs:
-                    transfers = [transport.post_send(outgoing.row(row), peer)]
-                    if n:
-                        transfers.append(transport.post_send(hidden, peer))
-                        if router_logits is not None:
-                            transfers.append(transport.post_send(logits, peer))
-                    transfers.append(transport.post_recv(incoming.row(row), peer))
-                    if n:
-                        transfers.append(transport.post_recv(out, peer))
-                else:
-                    transfers = [transport.post_recv(incoming.row(row), peer)]
-                    if n:
-                        transfers.append(transport.post_recv(out, peer))
-                    transfers.append(transport.post_send(outgoing.row(row), peer))
-                    if n:
-                        transfers.append(transport.post_send(hidden, peer))
-                        if router_logits is not None:
-                            transfers.append(transport.post_send(logits, peer))
+                inflight = self._post_headed(layer, row, hidden, router_logits)
         except TransferFailed as exc:
             raise self._failures.error(exc, layer_of_step(layer, step.step_id)) from None
-        self._inflight[stage] = _InFlight(layer, row, transfers, out, home)
+        self._inflight[stage] = inflight
+
+    def _post_frame(
+        self,
+        layer: int,
+        stage: int,
+        index: int,
+        row: int,
+        hidden: torch.Tensor,
+        router_logits: torch.Tensor | None,
+    ) -> _InFlight:
+        """Small messages on host transports: one frame each way (see :mod:`.frames`)."""
+        frames = self._frames[stage]
+        assert self._outgoing is not None and frames is not None
+        frame = frames.send
+        memmove(frame.address, self._outgoing.address(row), HEADER_BYTES)
+        frame.write_hidden(hidden)
+        message = frame.message
+        if router_logits is not None:
+            frame.write_logits(router_logits)
+            message = frame.message_with_logits
+        reply, reply_frame, out = frames.replies.take(index)
+        transport, peer = self._transport, self._peer.transport_rank
+        if transport.ordered_pairs:
+            transfers = [transport.post_send(message, peer), transport.post_recv(reply, peer)]
+        else:
+            transfers = [transport.post_recv(reply, peer), transport.post_send(message, peer)]
+        home = None if hidden.is_cpu else hidden.device
+        return _InFlight(layer, row, transfers, out, home, reply_frame)
+
+    def _post_headed(
+        self, layer: int, row: int, hidden: torch.Tensor, router_logits: torch.Tensor | None
+    ) -> _InFlight:
+        """A header message, then the bare tensors, each way."""
+        outgoing, incoming = self._outgoing, self._incoming
+        assert outgoing is not None and incoming is not None
+        transport, peer = self._transport, self._peer.transport_rank
+        hidden, logits, out, home = self._on_device(hidden, router_logits)
+        n = hidden.shape[0]
+        if transport.ordered_pairs:
+            transfers = [transport.post_send(outgoing.row(row), peer)]
+            if n:
+                transfers.append(transport.post_send(hidden, peer))
+                if logits is not None:
+                    transfers.append(transport.post_send(logits, peer))
+            transfers.append(transport.post_recv(incoming.row(row), peer))
+            if n:
+                transfers.append(transport.post_recv(out, peer))
+        else:
+            transfers = [transport.post_recv(incoming.row(row), peer)]
+            if n:
+                transfers.append(transport.post_recv(out, peer))
+            transfers.append(transport.post_send(outgoing.row(row), peer))
+            if n:
+                transfers.append(transport.post_send(hidden, peer))
+                if logits is not None:
+                    transfers.append(transport.post_send(logits, peer))
+        return _InFlight(layer, row, transfers, out, home)
+
+    def _post_bare(
+        self, layer: int, row: int, hidden: torch.Tensor, router_logits: torch.Tensor | None
+    ) -> _InFlight:
+        """Graph steps: the bare tensors each way, no header (checked on the control plane)."""
+        transport, peer = self._transport, self._peer.transport_rank
+        hidden, logits, out, home = self._on_device(hidden, router_logits)
+        if transport.ordered_pairs:
+            transfers = [transport.post_send(hidden, peer)]
+            if logits is not None:
+                transfers.append(transport.post_send(logits, peer))
+            transfers.append(transport.post_recv(out, peer))
+        else:
+            transfers = [transport.post_recv(out, peer), transport.post_send(hidden, peer)]
+            if logits is not None:
+                transfers.append(transport.post_send(logits, peer))
+        return _InFlight(layer, row, transfers, out, home)
+
+    def _on_device(
+        self, hidden: torch.Tensor, router_logits: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.device | None]:
+        """``hidden`` and the logits on the transport's device, a new output tensor there,
+        and the caller's device when it is another (where :meth:`recv` hands it back)."""
+        device = self._transport.device
+        home = hidden.device
+        if home == device:
+            home = None
+        else:
+            hidden = hidden.to(device)
+        out = self._empty(hidden.shape, dtype=self._dtype, device=device)
+        logits = None if router_logits is None else router_logits.to(device).contiguous()
+        return hidden, logits, out, home
 
     def _reject_send(
         self,
@@ -310,7 +412,9 @@ class P2pAttentionEndpoint(AttentionEndpoint):
             step.done += 1
             incoming = self._incoming
             if not step.graph and incoming is not None:
-                if incoming.checks_each_message:
+                if inflight.reply_frame:
+                    incoming.check_frame(inflight.row, inflight.reply_frame)
+                elif incoming.checks_each_message:
                     incoming.check(inflight.row)
                 elif step.done == step.expected:
                     transport.synchronize(deadline)
@@ -318,8 +422,8 @@ class P2pAttentionEndpoint(AttentionEndpoint):
         except TransferFailed as exc:
             doing = layer_of_step(layer, step.step_id)
             raise self._failures.error(exc, doing, self._peer.transport_rank) from None
-        out = inflight.out
-        return out if out.device == inflight.home else out.to(inflight.home)
+        out, home = inflight.out, inflight.home
+        return out if home is None else out.to(home)
 
     def graph_capture(self) -> AbstractContextManager[None]:
         if self._replays is None:

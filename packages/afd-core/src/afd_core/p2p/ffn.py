@@ -2,13 +2,20 @@
 
 An FFN rank serves a contiguous block of attention ranks (:mod:`afd_core.topology`). It
 takes each step from its :class:`~afd_core.control.channel.ControlInbox`; per layer and
-stage it receives every taking-part rank's header message and hidden states straight
-into its rows of one concatenated input tensor (no concatenation copy), and sends each
-rank its rows of the output, slices of the output tensor itself (no copy).
+stage it receives every taking-part rank's message, computes once on all their rows and
+sends each rank its rows of the output:
+
+* on a host-memory transport (gloo) each message is one frame (:mod:`afd_core.p2p.frames`).
+  With one rank in the step the batch's tensors are views of that rank's frame (no copy);
+  with several, each frame's rows are copied into their place in the stage's input
+  tensors. Each rank's output rows are copied into its reply frame behind the header;
+* on a device transport (NCCL) each message is a header message and bare tensors,
+  received straight into each rank's rows of the input tensors and sent from slices of
+  the output tensor itself (no copy).
 
 Per step the endpoint lays out a :class:`_StepPlan` once: each rank's rows, its headers
-(written for the whole step, see :mod:`afd_core.p2p.headers`) and the stage's input
-tensors, which are reused from step to step while the shapes fit.
+(written for the whole step, see :mod:`afd_core.p2p.headers`), its frames and the stage's
+input tensors; buffers are reused from step to step while the shapes fit.
 """
 
 from __future__ import annotations
@@ -23,9 +30,10 @@ from afd_core.endpoint_context import EndpointContext
 from afd_core.errors import AFDError, AFDProtocolError
 from afd_core.failures import guarded, guarded_until_closed, layer_of_step
 from afd_core.graphs import ReplayGuard
+from afd_core.p2p.frames import FrameBuffer, FrameLayout, HeldFrame, memmove, uses_frames
 from afd_core.p2p.headers import IncomingHeaders, OutgoingHeaders
 from afd_core.transport import Transfer, TransferFailed
-from afd_core.wire import HeaderCodec
+from afd_core.wire import HEADER_BYTES, HeaderCodec
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -36,8 +44,24 @@ if TYPE_CHECKING:
 
 
 @dataclass(slots=True)
+class _MemberFrames:
+    """One attention rank's frames in a step (host transports): where its message lands
+    (``received``) and where its reply is built (``reply``). ``copy_in``: its rows are
+    copied from the frame to ``hidden_at``/``logits_at`` in the stage's input tensors
+    (several ranks in the step); else the batch's tensors are views of the frame.
+    ``output_at``: the byte offset of its rows in the output."""
+
+    received: HeldFrame
+    reply: HeldFrame
+    copy_in: bool
+    hidden_at: int
+    logits_at: int
+    output_at: int
+
+
+@dataclass(slots=True)
 class _Member:
-    """One attention rank of a step: its link, where its rows go and its headers."""
+    """One attention rank of a step: its link, where its rows go, its headers and frames."""
 
     rank: int
     link: AttentionLink
@@ -48,6 +72,7 @@ class _Member:
     outgoing: OutgoingHeaders
     hidden: torch.Tensor
     logits: torch.Tensor | None
+    frames: _MemberFrames | None
 
 
 @dataclass(slots=True)
@@ -93,6 +118,7 @@ class P2pFFNEndpoint(FFNEndpoint):
         self._fuse, self._timeout_s = context.fuse, context.timeout_s
         self._links = links
         self._device = context.transport.device
+        self._on_host = self._device.type == "cpu"
         self._inbox = inbox
         self._replays = replays
         self._dtype = getattr(torch, wire.dtype)
@@ -101,9 +127,13 @@ class P2pFFNEndpoint(FFNEndpoint):
         self._index = {layer: i for i, layer in enumerate(self._layers)}
         self._codec = HeaderCodec(wire)
         self._plan: _StepPlan | None = None
-        # Reused from step to step: input tensors per stage, header blocks per link.
+        # Reused from step to step: input tensors per stage, header blocks per link, frame
+        # buffers (received, reply) per link and stage (host transports).
         self._inputs: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
         self._headers: dict[int, tuple[AttentionLink, IncomingHeaders, OutgoingHeaders]] = {}
+        self._frame_buffers: dict[
+            tuple[int, int], tuple[AttentionLink, FrameBuffer, FrameBuffer]
+        ] = {}
 
     @guarded_until_closed
     def next_step(self) -> FFNStep | None:
@@ -131,6 +161,10 @@ class P2pFFNEndpoint(FFNEndpoint):
 
         def post(member: _Member) -> list[Transfer]:
             transport, peer = member.link.data, member.link.peer
+            if member.frames is not None:
+                frame = member.frames.received
+                message = frame.message_with_logits if with_logits else frame.message
+                return [transport.post_recv(message, peer)]
             transfers = [transport.post_recv(member.incoming.row(row), peer)]
             if member.count:
                 transfers.append(transport.post_recv(member.hidden, peer))
@@ -139,10 +173,27 @@ class P2pFFNEndpoint(FFNEndpoint):
             return transfers
 
         for member in self._exchange(plan, layer, post):
-            if member.link.lost is None and member.incoming.checks_each_message:
-                member.incoming.check(row)
+            if member.link.lost is None:
+                self._take_in(member, row, with_logits)
         logits = plan.logits if with_logits else None
         return FFNLayerBatch(step, layer, stage, plan.hidden, plan.splits, logits)
+
+    @staticmethod
+    def _take_in(member: _Member, row: int, with_logits: bool) -> None:
+        """Check what ``member`` sent for message ``row``; rows of a frame that is not the
+        batch itself go to their place in the stage's input tensors."""
+        frames = member.frames
+        if frames is None:
+            if member.incoming.checks_each_message:
+                member.incoming.check(row)
+            return
+        frame = frames.received
+        member.incoming.check_frame(row, frame.address)
+        if frames.copy_in:
+            layout = frame.layout
+            memmove(frames.hidden_at, frame.address + HEADER_BYTES, layout.hidden_bytes)
+            if with_logits:
+                memmove(frames.logits_at, frame.address + layout.logits_at, layout.logits_bytes)
 
     def send(self, batch: FFNLayerBatch, output: torch.Tensor) -> None:
         fuse = self._fuse
@@ -159,12 +210,22 @@ class P2pFFNEndpoint(FFNEndpoint):
         plan = self._stage(step, layer, stage)
         if output.shape != (plan.total, self._wire.hidden_size) or output.dtype != self._dtype:
             self._reject_output(output, plan.total)
-        if output.device != self._device:  # a CPU transport serving a device model
-            output = output.to(self._device)
+        if not (output.is_cpu and self._on_host) and output.device != self._device:
+            output = output.to(self._device)  # a host transport serving a device model
         row = stage * len(self._layers) + self._index[layer]
+        if not output.is_contiguous():
+            output = output.contiguous()
+        address = output.data_ptr()
 
         def post(member: _Member) -> list[Transfer]:
             transport, peer = member.link.data, member.link.peer
+            frames = member.frames
+            if frames is not None:
+                frame = frames.reply
+                memmove(frame.address, member.outgoing.address(row), HEADER_BYTES)
+                rows_at = address + frames.output_at
+                memmove(frame.address + HEADER_BYTES, rows_at, frame.layout.hidden_bytes)
+                return [transport.post_send(frame.message, peer)]
             transfers = [transport.post_send(member.outgoing.row(row), peer)]
             if member.count:
                 transfers.append(transport.post_send(output[member.rows], peer))
@@ -263,17 +324,35 @@ class P2pFFNEndpoint(FFNEndpoint):
         for stage in range(step.num_stages):
             counts = step.stage_tokens(stage)
             total = sum(counts)
-            hidden, logits = self._stage_inputs(stage, total)
-            hidden = hidden[:total]
-            logits = None if logits is None else logits[:total]
+            links = [self._links.get(rank) for rank in step.attention_ranks]
+            frames = [
+                None if step.is_graph_step else self._frames_of(link, stage, n)
+                for link, n in zip(links, counts, strict=True)
+            ]
+            if len(links) == 1 and frames[0] is not None:  # the batch is the rank's frame
+                hidden, logits = self._frame_inputs(frames[0][0])
+            else:
+                hidden, logits = self._stage_inputs(stage, total)
+                hidden = hidden[:total]
+                logits = None if logits is None else logits[:total]
+            row_bytes = self._wire.hidden_size * hidden.element_size()
             members, start = [], 0
-            for rank, payload, n in zip(step.attention_ranks, step.payloads, counts, strict=True):
-                link = self._links.get(rank)
+            for i, (link, payload, n) in enumerate(zip(links, step.payloads, counts, strict=True)):
                 incoming, outgoing = self._link_headers(link, rows_per_step)
                 rows = slice(start, start + n)
+                rows_hidden = hidden[rows]
+                rows_logits = None if logits is None else logits[rows]
+                member_frames = None
+                if frames[i] is not None:
+                    member_frames = _MemberFrames(
+                        *frames[i], copy_in=len(links) > 1,
+                        hidden_at=rows_hidden.data_ptr(),
+                        logits_at=0 if rows_logits is None else rows_logits.data_ptr(),
+                        output_at=start * row_bytes,
+                    )  # fmt: skip
                 members.append(
-                    _Member(rank, link, payload.step_id, rows, n, incoming, outgoing,
-                            hidden[rows], None if logits is None else logits[rows])
+                    _Member(link.rank, link, payload.step_id, rows, n, incoming, outgoing,
+                            rows_hidden, rows_logits, member_frames)
                 )  # fmt: skip
                 start += n
             stages.append(_StagePlan(tuple(members), total, hidden, logits, counts))
@@ -319,6 +398,28 @@ class P2pFFNEndpoint(FFNEndpoint):
                 logits = torch.empty((capacity, width), dtype=self._logits_dtype, device=device)
             inputs = self._inputs[stage] = (hidden, logits)
         return inputs
+
+    def _frames_of(
+        self, link: AttentionLink, stage: int, rows: int
+    ) -> tuple[HeldFrame, HeldFrame] | None:
+        """``link``'s frames for ``stage`` (received, reply), laid out for ``rows`` rows;
+        None when messages of that many rows are not frames on its transport."""
+        layout = FrameLayout.of(self._wire, rows)
+        if not uses_frames(link.data, layout):
+            return None
+        key = (link.rank, stage)
+        cached = self._frame_buffers.get(key)
+        if cached is None or cached[0] is not link:
+            cached = self._frame_buffers[key] = (link, FrameBuffer(), FrameBuffer())
+        return cached[1].hold(layout), cached[2].hold(layout)
+
+    def _frame_inputs(self, frame: HeldFrame) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The hidden states and router logits of a batch that is ``frame``'s rows."""
+        wire = self._wire
+        hidden = frame.hidden(wire.hidden_size, self._dtype)
+        if not wire.router_logits_width:
+            return hidden, None
+        return hidden, frame.logits(wire.router_logits_width, self._logits_dtype)
 
     def _link_headers(
         self, link: AttentionLink, rows: int

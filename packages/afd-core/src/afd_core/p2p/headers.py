@@ -4,13 +4,16 @@ In a step both sides know every message in advance: one per (stage, exchange lay
 direction. So the sender writes all of its headers when the step begins
 (:class:`OutgoingHeaders`) and the receiver writes all the headers it expects
 (:class:`IncomingHeaders`), one 64-byte row each, in host memory. Per message the hot
-path only posts a row and, after the wait, compares 64 bytes.
+path only sends a row and, after the wait, compares 64 bytes.
 
-A device transport (NCCL) sends from and receives into device memory: the outgoing rows
-go to the device in one copy per step, and the received rows are compared with the
-expected ones on the device, once, when the step's last message has arrived (one host
-synchronisation per step instead of one per message). A host transport compares each
-message as soon as it arrives.
+A host transport (gloo) compares each message's header as soon as it arrived, whether
+the header came inside the message's frame (:mod:`afd_core.p2p.frames`: the sender
+copies its row from :meth:`OutgoingHeaders.address`, the receiver checks with
+:meth:`IncomingHeaders.check_frame`) or as a message of its own. A device transport
+(NCCL) sends from and receives into device memory: the outgoing rows go to the device in
+one copy per step, and the received rows are compared with the expected ones on the
+device, once, when the step's last message has arrived (one host synchronisation per
+step instead of one per message).
 """
 
 from __future__ import annotations
@@ -67,6 +70,10 @@ class OutgoingHeaders:
         """The writable bytes of every row (row ``i`` at ``i * 64``)."""
         return self._rows.view
 
+    def address(self, row: int) -> int:
+        """Where the 64 bytes of row ``row`` are in host memory (a frame copies them)."""
+        return self._rows.addr + row * HEADER_BYTES
+
     def publish(self) -> None:
         """Make the rows written so far the ones :meth:`row` sends (device: one copy)."""
         device = self._transport.to_device(self._rows.host)
@@ -86,7 +93,8 @@ class IncomingHeaders:
     ``sender`` names the peer in error messages. Write the expected rows through
     :attr:`view` between steps, then :meth:`publish`; receive message ``row``'s header
     into :meth:`row`; check with :meth:`check` (host transports, per message) or
-    :meth:`check_all` (device transports, once per step).
+    :meth:`check_all` (device transports, once per step). A header that came in a frame
+    is checked with :meth:`check_frame`.
     """
 
     def __init__(self, transport: Transport, rows: int, sender: str) -> None:
@@ -100,6 +108,7 @@ class IncomingHeaders:
         self._received_device: torch.Tensor | None = None
         self._expected_device: torch.Tensor | None = None
         self._landing: list[torch.Tensor] = []
+        self._expected_rows: list[bytes] = []
         if self._received is not None:
             self._landing = self._received.row_tensors
         else:
@@ -119,8 +128,12 @@ class IncomingHeaders:
         return self._on_host
 
     def publish(self) -> None:
-        """Take the expected rows written so far (device transports copy them once)."""
-        if not self._on_host:
+        """Take the expected rows written so far (host transports keep them as bytes to
+        compare with; device transports copy them to the device once)."""
+        if self._on_host:
+            expected = self._expected
+            self._expected_rows = [expected.raw(row) for row in range(expected.rows)]
+        else:
             self._expected_device = self._transport.to_device(self._expected.host)
 
     def row(self, row: int) -> torch.Tensor:
@@ -130,17 +143,19 @@ class IncomingHeaders:
     def check(self, row: int) -> None:
         """Raise AFDProtocolError unless the received header ``row`` is the expected one."""
         assert self._received is not None
-        raw = self._received.raw(row)
-        expected = self._expected.raw(row)
-        if raw != expected:
-            raise_header_mismatch(raw, TransferHeader.decode(expected), self._sender)
+        self.check_frame(row, self._received.addr + row * HEADER_BYTES)
+
+    def check_frame(self, row: int, address: int) -> None:
+        """Raise AFDProtocolError unless the 64 bytes at host ``address`` (a received
+        header, or the start of a received frame) are the header expected for ``row``."""
+        raw = ctypes.string_at(address, HEADER_BYTES)
+        if raw != self._expected_rows[row]:
+            expected = TransferHeader.decode(self._expected.raw(row))
+            raise_header_mismatch(raw, expected, self._sender)
 
     def check_all(self, rows: int) -> None:
-        """Check the first ``rows`` received rows at once (synchronises the device)."""
-        if self._on_host:
-            for row in range(rows):
-                self.check(row)
-            return
+        """Check the first ``rows`` received rows at once (device transports; synchronises
+        the device)."""
         import torch
 
         assert self._received_device is not None and self._expected_device is not None

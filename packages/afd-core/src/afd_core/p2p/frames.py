@@ -1,0 +1,189 @@
+"""Frames: a small eager P2P message on a host-memory transport is one message, header included.
+
+Why: on gloo every message costs the same system calls and wake-ups of both processes
+whatever its size (a receive announces itself to the sender, a send announces itself
+and then writes), and each small Python or torch call between a wait and the next post
+costs several times its quiet-host time, because it runs on a core the other process
+just left (docs/performance.md). So on a host transport a message of at most
+:data:`FRAME_LIMIT_BYTES` carries its 64-byte header in the same message as the tensors
+it describes, and the per-layer path between transfers is a few ``memmove`` calls on
+addresses worked out when the step began. Larger messages keep the header as a message
+of its own and send the tensors as they are: there the copies into and out of a frame
+would cost more than the header message (:func:`uses_frames`).
+
+Layout of a frame (offsets from its start; docs/wire-protocol.md section 3):
+
+* 0: the 64-byte :class:`~afd_core.metadata.TransferHeader`;
+* 64: the hidden-state rows (``rows x hidden_size`` of the wire dtype);
+* ``logits_at``: the router logits (A2F messages of layers that carry them): ``rows x
+  width`` of the logits dtype, where ``logits_at`` is 64 plus the hidden bytes rounded up
+  to a multiple of 64, so that every part of a frame can be viewed as a tensor.
+
+A device transport (NCCL) keeps the header as a message of its own
+(:mod:`afd_core.p2p.headers`): there a copy into a frame would be a device copy per
+message, and the header check runs once per step on the device anyway.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from afd_core.wire import DTYPE_SIZES, HEADER_BYTES
+
+if TYPE_CHECKING:
+    import torch
+
+    from afd_core.connector import WireSpec
+    from afd_core.transport import Transport
+
+#: Every part of a frame starts at a multiple of this many bytes.
+FRAME_ALIGN = 64
+#: The largest frame; a larger message is a header message and the bare tensors.
+FRAME_LIMIT_BYTES = 128 << 10
+#: Most bytes of reply frames one stage of a step allocates in one block when the step
+#: begins (every layer's reply then has its frame and output view ready); larger steps
+#: allocate each layer's reply frame when that layer is sent.
+REPLY_BLOCK_BYTES = 8 << 20
+
+memmove = ctypes.memmove
+
+
+def _round_up(nbytes: int) -> int:
+    return -(-nbytes // FRAME_ALIGN) * FRAME_ALIGN
+
+
+@dataclass(frozen=True)
+class FrameLayout:
+    """Where the parts of a frame of ``rows`` rows are, in bytes (see the module docstring).
+
+    ``logits_bytes`` is 0 when the wire spec has no router logits.
+    """
+
+    rows: int
+    hidden_bytes: int
+    logits_at: int
+    logits_bytes: int
+
+    @classmethod
+    def of(cls, wire: WireSpec, rows: int) -> FrameLayout:
+        """The layout of a frame of ``rows`` rows under ``wire``."""
+        hidden_bytes = rows * wire.hidden_size * DTYPE_SIZES[wire.dtype]
+        logits_bytes = rows * wire.router_logits_width * DTYPE_SIZES[wire.router_logits_dtype]
+        return cls(rows, hidden_bytes, HEADER_BYTES + _round_up(hidden_bytes), logits_bytes)
+
+    @property
+    def size(self) -> int:
+        """Bytes of a frame without router logits (an F2A frame, a layer without logits)."""
+        return HEADER_BYTES + self.hidden_bytes
+
+    @property
+    def size_with_logits(self) -> int:
+        """Bytes of a frame with router logits."""
+        return self.logits_at + self.logits_bytes if self.logits_bytes else self.size
+
+
+def uses_frames(transport: Transport, layout: FrameLayout) -> bool:
+    """Whether messages laid out as ``layout`` travel as frames on ``transport``: on a
+    host-memory transport, when a frame with router logits takes at most
+    :data:`FRAME_LIMIT_BYTES` (both roles decide alike from the same token count)."""
+    return transport.device.type == "cpu" and layout.size_with_logits <= FRAME_LIMIT_BYTES
+
+
+class FrameBuffer:
+    """A reusable host buffer that holds one frame at a time; grows, never shrinks."""
+
+    def __init__(self) -> None:
+        self._buffer: torch.Tensor | None = None
+
+    def hold(self, layout: FrameLayout) -> HeldFrame:
+        """The buffer laid out for ``layout`` (grown when too small); valid until the
+        next :meth:`hold`."""
+        import torch
+
+        size = layout.size_with_logits
+        if self._buffer is None or self._buffer.numel() < size:
+            self._buffer = torch.zeros(max(size, HEADER_BYTES), dtype=torch.uint8)
+        return HeldFrame(self._buffer, layout)
+
+
+class HeldFrame:
+    """A frame laid out in a buffer: the exact-size tensors to send or receive (with and
+    without logits), its address, and views of its parts."""
+
+    __slots__ = ("_buffer", "address", "layout", "message", "message_with_logits")
+
+    def __init__(self, buffer: torch.Tensor, layout: FrameLayout) -> None:
+        self._buffer = buffer
+        self.layout = layout
+        self.address: int = buffer.data_ptr()
+        self.message = buffer[: layout.size]
+        self.message_with_logits = (
+            buffer[: layout.size_with_logits] if layout.logits_bytes else self.message
+        )
+
+    def hidden(self, width: int, dtype: torch.dtype) -> torch.Tensor:
+        """The hidden-state rows, as a ``(rows, width)`` tensor of ``dtype``."""
+        return self._part(HEADER_BYTES, self.layout.hidden_bytes, width, dtype)
+
+    def logits(self, width: int, dtype: torch.dtype) -> torch.Tensor:
+        """The router logits, as a ``(rows, width)`` tensor of ``dtype``."""
+        return self._part(self.layout.logits_at, self.layout.logits_bytes, width, dtype)
+
+    def write_hidden(self, hidden: torch.Tensor) -> None:
+        """Copy ``hidden`` (``(rows, width)`` of the layout's size, any device) into the
+        hidden-state part."""
+        self._write(HEADER_BYTES, self.layout.hidden_bytes, hidden)
+
+    def write_logits(self, logits: torch.Tensor) -> None:
+        """Copy ``logits`` (``(rows, width)`` of the layout's size, any device) into the
+        router-logits part."""
+        self._write(self.layout.logits_at, self.layout.logits_bytes, logits)
+
+    def _write(self, at: int, nbytes: int, tensor: torch.Tensor) -> None:
+        if tensor.is_cpu and tensor.is_contiguous():
+            memmove(self.address + at, tensor.data_ptr(), nbytes)
+        else:  # a device model on a host transport: one copy to the host, into place
+            self._part(at, nbytes, tensor.shape[1], tensor.dtype).copy_(tensor)
+
+    def _part(self, at: int, nbytes: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+        return self._buffer[at : at + nbytes].view(dtype).view(self.layout.rows, width)
+
+
+class ReplyFrames:
+    """The F2A frames of one stage of a step at the attention rank, one per exchange layer.
+
+    Each reply is received into a frame of its own, and the rows of that frame become the
+    caller's output (a new tensor per layer, as the endpoint contract says). When all of
+    a stage's frames together take at most :data:`REPLY_BLOCK_BYTES` they are one block
+    allocated when the step begins, with every output view made then; otherwise each
+    layer's frame is allocated by :meth:`take`.
+    """
+
+    def __init__(self, layers: int, layout: FrameLayout, width: int, dtype: torch.dtype) -> None:
+        import torch
+
+        self._layout, self._width, self._dtype = layout, width, dtype
+        self._frames: list[tuple[torch.Tensor, int, torch.Tensor]] | None = None
+        stride = _round_up(layout.size)
+        if layers * stride > REPLY_BLOCK_BYTES:
+            return
+        block = torch.empty((layers, stride), dtype=torch.uint8)
+        base = block.data_ptr()
+        messages = block[:, : layout.size].unbind(0)
+        rows = block[:, HEADER_BYTES : layout.size].view(dtype).view(layers, layout.rows, width)
+        self._frames = [
+            (message, base + i * stride, out)
+            for i, (message, out) in enumerate(zip(messages, rows.unbind(0), strict=True))
+        ]
+
+    def take(self, index: int) -> tuple[torch.Tensor, int, torch.Tensor]:
+        """Layer ``index``'s frame: the tensor to receive into, its address, the output."""
+        if self._frames is not None:
+            return self._frames[index]
+        import torch
+
+        buffer = torch.empty(max(self._layout.size, HEADER_BYTES), dtype=torch.uint8)
+        held = HeldFrame(buffer, self._layout)
+        return held.message, held.address, held.hidden(self._width, self._dtype)
