@@ -138,21 +138,22 @@ def test_ranks_of_one_step_may_send_frames_and_header_messages_side_by_side(monk
         close_all(attention, ffn)
 
 
-def test_replies_too_large_for_one_block_get_a_frame_each(monkeypatch):
-    monkeypatch.setattr(frames, "REPLY_BLOCK_BYTES", 0)
+def test_every_reply_is_a_tensor_of_its_own_that_later_replies_leave_alone():
     wire = WireSpec(hidden_size=4, dtype="float32", num_exchange_layers=3)
     (attn,), (ffn,) = loopback_connectors(1, 1, wire)
     try:
-        attn.attention.begin_step(payload(0, 0, 2))
-        step, outputs = None, []
-        for layer in range(3):
-            attn.attention.send(layer, 0, torch.full((2, 4), float(layer)))
-            step = step or ffn.ffn.next_step()
-            batch = ffn.ffn.recv(step, layer, 0)
-            ffn.ffn.send(batch, batch.hidden + 1)
-            outputs.append(attn.attention.recv(layer, 0))
-        for layer, out in enumerate(outputs):  # each its own tensor, unchanged by later ones
-            assert torch.equal(out, torch.full((2, 4), layer + 1.0))
+        outputs = []
+        for step_id in range(2):
+            attn.attention.begin_step(payload(0, step_id, 2))
+            step = None
+            for layer in range(3):
+                attn.attention.send(layer, 0, torch.full((2, 4), float(layer)))
+                step = step or ffn.ffn.next_step()
+                batch = ffn.ffn.recv(step, layer, 0)
+                ffn.ffn.send(batch, batch.hidden + step_id)
+                outputs.append((step_id, layer, attn.attention.recv(layer, 0)))
+        for step_id, layer, out in outputs:
+            assert torch.equal(out, torch.full((2, 4), float(layer + step_id)))
     finally:
         close_all([attn], [ffn])
 

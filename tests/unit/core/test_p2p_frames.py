@@ -66,12 +66,14 @@ def test_a_buffer_grows_for_a_larger_frame_and_keeps_its_size_for_smaller_ones()
     assert buffer.hold(FrameLayout.of(ODD, 9)).address != big.address
 
 
-@pytest.mark.parametrize("block_bytes", [frames.REPLY_BLOCK_BYTES, 0], ids=["block", "each"])
-def test_reply_frames_give_each_layer_its_own_frame_and_output(monkeypatch, block_bytes):
-    monkeypatch.setattr(frames, "REPLY_BLOCK_BYTES", block_bytes)
+def test_reply_frames_give_each_layer_a_frame_and_output_of_its_own():
     layout = FrameLayout.of(ODD, 2)
-    replies = ReplyFrames(3, layout, 5, torch.bfloat16)
-    taken = [replies.take(i) for i in range(3)]
+    replies = ReplyFrames(layout, 5, torch.bfloat16)
+    replies.prepare()
+    taken = []
+    for _ in range(3):
+        taken.append(replies.take())
+        replies.prepare()  # what the endpoint does once a layer's messages are posted
     for i, (message, address, out) in enumerate(taken):
         assert message.numel() == layout.size
         assert message.data_ptr() == address
@@ -80,3 +82,9 @@ def test_reply_frames_give_each_layer_its_own_frame_and_output(monkeypatch, bloc
         message[64:].view(torch.bfloat16).fill_(i)
     for i, (_, _, out) in enumerate(taken):  # no frame overlaps another
         assert torch.equal(out, torch.full((2, 5), float(i), dtype=torch.bfloat16))
+
+
+def test_a_reply_frame_is_allocated_when_none_was_prepared():
+    replies = ReplyFrames(FrameLayout.of(ODD, 1), 5, torch.bfloat16)
+    first, second = replies.take(), replies.take()
+    assert first[1] != second[1]

@@ -198,14 +198,19 @@ class P2pAttentionEndpoint(AttentionEndpoint):
         are frames."""
         while len(self._send_buffers) < len(tokens):
             self._send_buffers.append(FrameBuffer())
-        wire = self._wire
+        wire, previous = self._wire, self._frames
         self._frames = []
-        for buffer, n in zip(self._send_buffers, tokens, strict=False):
+        for stage, (buffer, n) in enumerate(zip(self._send_buffers, tokens, strict=False)):
             layout = FrameLayout.of(wire, n)
             if not uses_frames(self._transport, layout):
                 self._frames.append(None)
                 continue
-            replies = ReplyFrames(len(self._layers), layout, wire.hidden_size, self._dtype)
+            kept = previous[stage] if stage < len(previous) else None
+            if kept is not None and kept.replies.layout == layout:
+                replies = kept.replies  # with the frame it prepared for this layer
+            else:
+                replies = ReplyFrames(layout, wire.hidden_size, self._dtype)
+            replies.prepare()
             self._frames.append(_StageFrames(buffer.hold(layout), replies))
 
     def send(
@@ -263,7 +268,7 @@ class P2pAttentionEndpoint(AttentionEndpoint):
             if step.graph:
                 inflight = self._post_bare(layer, row, hidden, router_logits)
             elif self._frames[stage] is not None:
-                inflight = self._post_frame(layer, stage, index, row, hidden, router_logits)
+                inflight = self._post_frame(layer, stage, row, hidden, router_logits)
             else:
                 inflight = self._post_headed(layer, row, hidden, router_logits)
         except TransferFailed as exc:
@@ -274,7 +279,6 @@ class P2pAttentionEndpoint(AttentionEndpoint):
         self,
         layer: int,
         stage: int,
-        index: int,
         row: int,
         hidden: torch.Tensor,
         router_logits: torch.Tensor | None,
@@ -289,12 +293,13 @@ class P2pAttentionEndpoint(AttentionEndpoint):
         if router_logits is not None:
             frame.write_logits(router_logits)
             message = frame.message_with_logits
-        reply, reply_frame, out = frames.replies.take(index)
+        reply, reply_frame, out = frames.replies.take()
         transport, peer = self._transport, self._peer.transport_rank
         if transport.ordered_pairs:
             transfers = [transport.post_send(message, peer), transport.post_recv(reply, peer)]
         else:
             transfers = [transport.post_recv(reply, peer), transport.post_send(message, peer)]
+        frames.replies.prepare()  # the next layer's, while this round trip is in flight
         home = None if hidden.is_cpu else hidden.device
         return _InFlight(layer, row, transfers, out, home, reply_frame)
 

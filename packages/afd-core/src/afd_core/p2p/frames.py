@@ -40,12 +40,9 @@ if TYPE_CHECKING:
 
 #: Every part of a frame starts at a multiple of this many bytes.
 FRAME_ALIGN = 64
-#: The largest frame; a larger message is a header message and the bare tensors.
-FRAME_LIMIT_BYTES = 128 << 10
-#: Most bytes of reply frames one stage of a step allocates in one block when the step
-#: begins (every layer's reply then has its frame and output view ready); larger steps
-#: allocate each layer's reply frame when that layer is sent.
-REPLY_BLOCK_BYTES = 8 << 20
+#: The largest frame; a larger message is a header message and the bare tensors. Half of
+#: glibc's default mmap threshold, so frames come from recycled heap memory.
+FRAME_LIMIT_BYTES = 64 << 10
 
 memmove = ctypes.memmove
 
@@ -152,38 +149,36 @@ class HeldFrame:
 
 
 class ReplyFrames:
-    """The F2A frames of one stage of a step at the attention rank, one per exchange layer.
+    """The F2A frames of one stage at the attention rank: a new frame for every reply.
 
     Each reply is received into a frame of its own, and the rows of that frame become the
-    caller's output (a new tensor per layer, as the endpoint contract says). When all of
-    a stage's frames together take at most :data:`REPLY_BLOCK_BYTES` they are one block
-    allocated when the step begins, with every output view made then; otherwise each
-    layer's frame is allocated by :meth:`take`.
+    caller's output (a new tensor per layer, as the endpoint contract says). The frame a
+    layer will need is allocated one layer ahead, by :meth:`prepare` once the previous
+    layer's messages are posted, so its allocation overlaps the round trip in flight
+    instead of delaying the next send. Frames stay small (:data:`FRAME_LIMIT_BYTES`), so
+    the allocator recycles the memory of outputs the caller has dropped: a block of
+    fresh memory per step would cost page faults during the receives instead.
     """
 
-    def __init__(self, layers: int, layout: FrameLayout, width: int, dtype: torch.dtype) -> None:
+    def __init__(self, layout: FrameLayout, width: int, dtype: torch.dtype) -> None:
+        self.layout = layout
+        self._width, self._dtype = width, dtype
+        self._next: tuple[torch.Tensor, int, torch.Tensor] | None = None
+
+    def take(self) -> tuple[torch.Tensor, int, torch.Tensor]:
+        """The next reply's frame: the tensor to receive into, its address, the output."""
+        frame = self._next if self._next is not None else self._allocate()
+        self._next = None
+        return frame
+
+    def prepare(self) -> None:
+        """Allocate the frame the next :meth:`take` returns (no-op when there is one)."""
+        if self._next is None:
+            self._next = self._allocate()
+
+    def _allocate(self) -> tuple[torch.Tensor, int, torch.Tensor]:
         import torch
 
-        self._layout, self._width, self._dtype = layout, width, dtype
-        self._frames: list[tuple[torch.Tensor, int, torch.Tensor]] | None = None
-        stride = _round_up(layout.size)
-        if layers * stride > REPLY_BLOCK_BYTES:
-            return
-        block = torch.empty((layers, stride), dtype=torch.uint8)
-        base = block.data_ptr()
-        messages = block[:, : layout.size].unbind(0)
-        rows = block[:, HEADER_BYTES : layout.size].view(dtype).view(layers, layout.rows, width)
-        self._frames = [
-            (message, base + i * stride, out)
-            for i, (message, out) in enumerate(zip(messages, rows.unbind(0), strict=True))
-        ]
-
-    def take(self, index: int) -> tuple[torch.Tensor, int, torch.Tensor]:
-        """Layer ``index``'s frame: the tensor to receive into, its address, the output."""
-        if self._frames is not None:
-            return self._frames[index]
-        import torch
-
-        buffer = torch.empty(max(self._layout.size, HEADER_BYTES), dtype=torch.uint8)
-        held = HeldFrame(buffer, self._layout)
+        buffer = torch.empty(self.layout.size, dtype=torch.uint8)
+        held = HeldFrame(buffer, self.layout)
         return held.message, held.address, held.hidden(self._width, self._dtype)

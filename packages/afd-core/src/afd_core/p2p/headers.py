@@ -131,8 +131,10 @@ class IncomingHeaders:
         """Take the expected rows written so far (host transports keep them as bytes to
         compare with; device transports copy them to the device once)."""
         if self._on_host:
-            expected = self._expected
-            self._expected_rows = [expected.raw(row) for row in range(expected.rows)]
+            rows = ctypes.string_at(self._expected.addr, self._expected.rows * HEADER_BYTES)
+            self._expected_rows = [
+                rows[at : at + HEADER_BYTES] for at in range(0, len(rows), HEADER_BYTES)
+            ]
         else:
             self._expected_device = self._transport.to_device(self._expected.host)
 
