@@ -10,10 +10,12 @@ from anything else on the host):
 * **raw**: a ``ProcessGroupGloo`` ping-pong of the same hidden-state bytes each way
   (receive posted before the send, like the connector), on a second group between the
   same two processes;
-* **framed**: the connector's messages without the connector: on that second group, a
-  64-byte header message and then the hidden states each way, posted in the connector's
-  order. ``framed / raw`` is what the header messages cost; ``conn / framed`` what the
-  endpoints' own work (checks, bookkeeping, tensors) costs.
+* **framed**: header messages without the connector: on that second group, a 64-byte
+  header message and then the hidden states each way, posted in the connector's order.
+  That is how the connector sends messages above its frame limit (64 KiB; below it a
+  message is one frame, header and tensors together: ``afd_core.p2p.frames``), and how
+  it sent every message before data protocol 4. ``framed / raw`` is what a header
+  message of its own costs.
 
 It prints the median and the 10th percentile round trip of connector and raw (µs), their
 ratios, the median framed round trip as a ratio to raw, and the median time the
@@ -271,8 +273,9 @@ def format_table(rows: Sequence[RoundTrip], rounds: int) -> str:
     """The round-trip table of ``rows`` (from :func:`measure` with ``rounds``) as text."""
     lines = [
         f"per-layer round trip in µs over {rounds * BLOCK} layers (bf16; the connector "
-        "adds a 64-byte header message each way; p10 is less sensitive to other load on the host; "
-        "framed: the connector's messages on the raw group, median, as a ratio to raw; "
+        "sends one frame (header and data) each way up to 64 KiB, a 64-byte header message and "
+        "the data above; p10 is less sensitive to other load on the host; "
+        "framed: a header message and the data on the raw group, median, as a ratio to raw; "
         "ctrl: one step's control payload send, median and fastest)",
         f"{'tokens':>6} {'hidden':>6} {'bytes/dir':>10} | {'raw med':>8} {'conn med':>8} "
         f"{'ratio':>5} | {'raw p10':>8} {'conn p10':>8} {'ratio':>5} | {'framed':>6} | "
