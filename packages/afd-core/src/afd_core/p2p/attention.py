@@ -130,9 +130,9 @@ class P2pAttentionEndpoint(AttentionEndpoint):
         self._outgoing: OutgoingHeaders | None = None
         self._incoming: IncomingHeaders | None = None
         self._sender_name = context.failures.describe(peer.transport_rank)
-        # Small messages on host transports are frames: a send buffer per stage, and each
-        # stage's frames in the step (None: the stage's messages are not frames).
-        self._send_buffers: list[FrameBuffer] = []
+        # Small messages on host transports are frames: a send buffer per stage that used
+        # frames, and each stage's frames in the step (None: its messages are not frames).
+        self._send_buffers: dict[int, FrameBuffer] = {}
         self._frames: list[_StageFrames | None] = []
 
     @guarded
@@ -196,15 +196,16 @@ class P2pAttentionEndpoint(AttentionEndpoint):
     def _lay_out_frames(self, tokens: tuple[int, ...]) -> None:
         """Each stage's send frame and reply frames in the step, for stages whose messages
         are frames."""
-        while len(self._send_buffers) < len(tokens):
-            self._send_buffers.append(FrameBuffer())
         wire, previous = self._wire, self._frames
         self._frames = []
-        for stage, (buffer, n) in enumerate(zip(self._send_buffers, tokens, strict=False)):
+        for stage, n in enumerate(tokens):
             layout = FrameLayout.of(wire, n)
             if not uses_frames(self._transport, layout):
                 self._frames.append(None)
                 continue
+            buffer = self._send_buffers.get(stage)
+            if buffer is None:
+                buffer = self._send_buffers[stage] = FrameBuffer()
             kept = previous[stage] if stage < len(previous) else None
             if kept is not None and kept.replies.layout == layout:
                 replies = kept.replies  # with the frame it prepared for this layer

@@ -145,7 +145,14 @@ class HeldFrame:
             self._part(at, nbytes, tensor.shape[1], tensor.dtype).copy_(tensor)
 
     def _part(self, at: int, nbytes: int, width: int, dtype: torch.dtype) -> torch.Tensor:
-        return self._buffer[at : at + nbytes].view(dtype).view(self.layout.rows, width)
+        return _part_of(self._buffer, at, nbytes, self.layout.rows, width, dtype)
+
+
+def _part_of(
+    buffer: torch.Tensor, at: int, nbytes: int, rows: int, width: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """Bytes ``at .. at + nbytes`` of ``buffer`` as a ``(rows, width)`` tensor of ``dtype``."""
+    return buffer[at : at + nbytes].view(dtype).view(rows, width)
 
 
 class ReplyFrames:
@@ -179,6 +186,8 @@ class ReplyFrames:
     def _allocate(self) -> tuple[torch.Tensor, int, torch.Tensor]:
         import torch
 
-        buffer = torch.empty(self.layout.size, dtype=torch.uint8)
-        held = HeldFrame(buffer, self.layout)
-        return held.message, held.address, held.hidden(self._width, self._dtype)
+        layout = self.layout  # a reply frame is exactly its message: header and rows
+        frame = torch.empty(layout.size, dtype=torch.uint8)
+        rows = _part_of(frame, HEADER_BYTES, layout.hidden_bytes, layout.rows, self._width,
+                        self._dtype)  # fmt: skip
+        return frame, frame.data_ptr(), rows
