@@ -8,14 +8,18 @@ from anything else on the host):
   ``recv`` + ``send`` of the unchanged hidden states (identity compute), in steps of
   ``BLOCK`` layers, each step announced by one control payload (``begin_step``);
 * **raw**: a ``ProcessGroupGloo`` ping-pong of the same hidden-state bytes each way
-  (receive posted before the send, like the connector), on a second group between the
-  same two processes;
-* **framed**: header messages without the connector: on that second group, a 64-byte
-  header message and then the hidden states each way, posted in the connector's order.
-  That is how the connector sends messages above its frame limit (64 KiB; below it a
-  message is one frame, header and tensors together: ``afd_core.p2p.frames``), and how
-  it sent every message before data protocol 4. ``framed / raw`` is what a header
-  message of its own costs.
+  (receive posted before the send, like the connector);
+* **framed**: header messages without the connector: a 64-byte header message and then
+  the hidden states each way, posted in the connector's order. That is how the
+  connector sends messages above its frame limit (1 MiB; up to it a message is one
+  frame, header and tensors together: ``afd_core.p2p.frames``). ``framed / raw`` is what
+  a header message of its own costs.
+
+Raw and framed run on the connector's own gloo group (the one its link opened for the
+control channel and the data plane), under tags of their own: each gloo group has an
+I/O thread of its own, and with two groups the scheduler places those threads
+differently on a 2-core host, which alone made two identical raw ping-pongs on two
+groups differ by 0.87-1.29x from run to run (docs/performance.md).
 
 It prints the median and the 10th percentile round trip of connector and raw (µs), their
 ratios, the median framed round trip as a ratio to raw, and the median time the
@@ -35,7 +39,6 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 TOKENS = (1, 8, 64, 256)
@@ -100,38 +103,50 @@ class RoundTrip:
         return min(self.control_us)
 
 
-def _raw_group(rank: int, port: int) -> Any:
-    import torch.distributed as dist
+class _MeasuredConnector:
+    """``P2pGlooAFDConnector``'s parts, composed as it composes them (the rendezvous, a
+    link of its own with one gloo group for control and data, the P2P endpoints), with a
+    handle on that link's gloo group: the raw and framed ping-pongs run on it under tags
+    of their own, served by the same gloo I/O thread as the connector's messages."""
 
-    store = dist.TCPStore(
-        "127.0.0.1", port, None, rank == 0, timedelta(seconds=60), wait_for_workers=False
-    )
-    return store, dist.ProcessGroupGloo(
-        dist.PrefixStore("raw/", store), rank, 2, timedelta(seconds=60)
-    )
+    def __init__(self, role: str, port: int, hidden: int) -> None:
+        from afd_core.config import AFDConfig
+        from afd_core.connector import Connector, WireSpec
+        from afd_core.p2p import open_p2p_links
+        from afd_core.world import gloo_data_transport
 
+        groups: list[Any] = []
 
-def _connector(role: str, port: int, hidden: int) -> Any:
-    from afd_core.config import AFDConfig
-    from afd_core.connector import WireSpec
-    from afd_core.connectors.gloo import P2pGlooAFDConnector
+        def data_plane(session: Any, control: Any, *args: Any) -> Any:
+            groups.append(control.group)
+            return gloo_data_transport(session, control, *args)
 
-    config = AFDConfig(role=role, connector="P2pGlooAFDConnector", port=port)
-    wire = WireSpec(hidden_size=hidden, dtype="bfloat16", num_exchange_layers=BLOCK)
-    conn = P2pGlooAFDConnector(config, 0, wire)
-    conn.initialize()
-    return conn
+        class Measured(Connector):
+            name = "P2pGlooAFDConnector"
+
+            @property
+            def replaces_attention_ranks(self) -> bool:
+                return True
+
+            def connect(self) -> Any:
+                return open_p2p_links(self, data_plane)
+
+        config = AFDConfig(role=role, connector="P2pGlooAFDConnector", port=port)
+        wire = WireSpec(hidden_size=hidden, dtype="bfloat16", num_exchange_layers=BLOCK)
+        self.connector = Measured(config, 0, wire)
+        self.connector.initialize()
+        (self.raw,) = groups  # this rank's one link
 
 
 def _ffn(
-    conn_port: int, raw_port: int, rounds: int, tokens_list: Sequence[int], hiddens: Sequence[int]
+    ports: Sequence[int], rounds: int, tokens_list: Sequence[int], hiddens: Sequence[int]
 ) -> None:
     import torch
 
     torch.set_num_threads(1)
-    _, raw = _raw_group(0, raw_port)
-    for hidden in hiddens:
-        conn = _connector("ffn", conn_port, hidden)
+    for hidden, port in zip(hiddens, ports, strict=True):
+        measured = _MeasuredConnector("ffn", port, hidden)
+        conn, raw = measured.connector, measured.raw
         ffn = conn.ffn  # as the FFN server holds it: one endpoint per connector
         for tokens in tokens_list:
             buf = torch.empty(tokens * hidden, dtype=torch.bfloat16)
@@ -146,12 +161,10 @@ def _ffn(
                     batch = ffn.recv(step, layer, 0)
                     ffn.send(batch, batch.hidden)
         conn.close()
-        conn_port += 1
 
 
 def _attention(
-    conn_port: int,
-    raw_port: int,
+    ports: Sequence[int],
     rounds: int,
     tokens_list: Sequence[int],
     hiddens: Sequence[int],
@@ -162,10 +175,10 @@ def _attention(
     from afd_core.metadata import AFDDPMetadata, ControlPayload
 
     torch.set_num_threads(1)
-    _, raw = _raw_group(1, raw_port)
     rows = []
-    for hidden in hiddens:
-        conn = _connector("attention", conn_port, hidden)
+    for hidden, port in zip(hiddens, ports, strict=True):
+        measured = _MeasuredConnector("attention", port, hidden)
+        conn, raw = measured.connector, measured.raw
         attention = conn.attention  # as the exchange op holds it: one endpoint per connector
         step_id = 0
         for tokens in tokens_list:
@@ -205,7 +218,6 @@ def _attention(
                           tuple(framed_us))
             )  # fmt: skip
         conn.close()
-        conn_port += 1
     out.put(rows)
 
 
@@ -224,9 +236,9 @@ def measure(
     """
     from afd_core.launch import free_ports
 
-    conn_port, raw_port = free_ports(2)
+    ports = tuple(free_ports(len(hiddens)))  # one rendezvous per hidden size
     sizes = (rounds, tuple(tokens), tuple(hiddens))
-    return run_pair(_ffn, _attention, (conn_port, raw_port, *sizes), "round-trip benchmark")
+    return run_pair(_ffn, _attention, (ports, *sizes), "round-trip benchmark")
 
 
 def run_pair(ffn: Any, attention: Any, args: tuple[Any, ...], what: str) -> Any:
@@ -273,9 +285,10 @@ def format_table(rows: Sequence[RoundTrip], rounds: int) -> str:
     """The round-trip table of ``rows`` (from :func:`measure` with ``rounds``) as text."""
     lines = [
         f"per-layer round trip in µs over {rounds * BLOCK} layers (bf16; the connector "
-        "sends one frame (header and data) each way up to 64 KiB, a 64-byte header message and "
-        "the data above; p10 is less sensitive to other load on the host; "
-        "framed: a header message and the data on the raw group, median, as a ratio to raw; "
+        "sends one frame (header and data) each way up to 1 MiB, a 64-byte header message and "
+        "the data above; raw and framed run on the connector's gloo group; p10 is less "
+        "sensitive to other load on the host; framed: a header message and the data, median, "
+        "as a ratio to raw; "
         "ctrl: one step's control payload send, median and fastest)",
         f"{'tokens':>6} {'hidden':>6} {'bytes/dir':>10} | {'raw med':>8} {'conn med':>8} "
         f"{'ratio':>5} | {'raw p10':>8} {'conn p10':>8} {'ratio':>5} | {'framed':>6} | "

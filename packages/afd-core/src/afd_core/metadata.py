@@ -231,7 +231,7 @@ class TransferHeader:
 
     SIZE: ClassVar[int] = 64
     MAGIC: ClassVar[bytes] = b"AFDT"
-    VERSION: ClassVar[int] = 4
+    VERSION: ClassVar[int] = 5
     #: The byte layout of the first :data:`LAYOUT.size` bytes (the rest is zero).
     LAYOUT: ClassVar[struct.Struct] = struct.Struct("<4sHBBQIHHIIIIBH")
 

@@ -7,9 +7,10 @@ costs several times its quiet-host time, because it runs on a core the other pro
 just left (docs/performance.md). So on a host transport a message of at most
 :data:`FRAME_LIMIT_BYTES` carries its 64-byte header in the same message as the tensors
 it describes, and the per-layer path between transfers is a few ``memmove`` calls on
-addresses worked out when the step began. Larger messages keep the header as a message
-of its own and send the tensors as they are: there the copies into and out of a frame
-would cost more than the header message (:func:`uses_frames`).
+addresses worked out when the step began. Messages above the limit (1 MiB) keep the
+header as a message of its own and send the tensors as they are: from there on the
+copies into and out of a frame cost about as much as the header message
+(:func:`uses_frames`; docs/performance.md has the measurements).
 
 Layout of a frame (offsets from its start; docs/wire-protocol.md section 3):
 
@@ -40,9 +41,10 @@ if TYPE_CHECKING:
 
 #: Every part of a frame starts at a multiple of this many bytes.
 FRAME_ALIGN = 64
-#: The largest frame; a larger message is a header message and the bare tensors. Half of
-#: glibc's default mmap threshold, so frames come from recycled heap memory.
-FRAME_LIMIT_BYTES = 64 << 10
+#: The largest frame; a larger message is a header message and the bare tensors. Measured
+#: on gloo (docs/performance.md): frames beat header messages up to 256 KiB per direction
+#: (1.4-1.5x raw against 1.6-1.9x) and tie with them at 1 MiB.
+FRAME_LIMIT_BYTES = 1 << 20
 
 memmove = ctypes.memmove
 
@@ -162,9 +164,9 @@ class ReplyFrames:
     caller's output (a new tensor per layer, as the endpoint contract says). The frame a
     layer will need is allocated one layer ahead, by :meth:`prepare` once the previous
     layer's messages are posted, so its allocation overlaps the round trip in flight
-    instead of delaying the next send. Frames stay small (:data:`FRAME_LIMIT_BYTES`), so
-    the allocator recycles the memory of outputs the caller has dropped: a block of
-    fresh memory per step would cost page faults during the receives instead.
+    instead of delaying the next send. Frames are allocated one by one, so the allocator
+    recycles the memory of outputs the caller has dropped: a block of fresh memory per
+    step would cost page faults during the receives instead.
     """
 
     def __init__(self, layout: FrameLayout, width: int, dtype: torch.dtype) -> None:

@@ -106,6 +106,15 @@ class GlooTransport(Transport):
     def device(self) -> torch.device:
         return self._device
 
+    @property
+    def group(self) -> ProcessGroupGloo:
+        """The gloo group this transport posts on (shared by :meth:`share`), for measuring
+        against raw gloo on the same group (``benchmarks/gloo_roundtrip.py``); RuntimeError
+        once closed."""
+        if self._group is None:
+            raise RuntimeError("the gloo transport is closed")
+        return self._group
+
     # Failures are raised outside the ``except`` blocks, from text only: an exception
     # chained to gloo's would keep its traceback's frames, and through them the pending
     # Work, the group and the rendezvous store, alive after close().
