@@ -13,7 +13,14 @@ from anything else on the host):
   the hidden states each way, posted in the connector's order. That is how the
   connector sends messages above its frame limit (1 MiB; up to it a message is one
   frame, header and tensors together: ``afd_core.p2p.frames``). ``framed / raw`` is what
-  a header message of its own costs.
+  a header message of its own costs;
+* **inline**: the frame form's essential work written inline, without the endpoints:
+  the attention side copies a 64-byte header and the hidden states into a reused frame,
+  posts the receive of the reply into a frame allocated one layer ahead and the send,
+  allocates the next reply frame, waits, compares the reply's 64 header bytes and views
+  its rows as the output; the FFN side receives into a reused frame, compares the
+  header, copies header and rows into its reply frame and sends it. ``inline / raw`` is
+  what a frame costs on its own; ``conn / inline`` what the endpoints add to it.
 
 Raw and framed run on the connector's own gloo group (the one its link opened for the
 control channel and the data plane), under tags of their own: each gloo group has an
@@ -33,6 +40,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import ctypes
 import multiprocessing as mp
 import queue
 import statistics
@@ -60,6 +68,7 @@ class RoundTrip:
     conn_us: tuple[float, ...]
     control_us: tuple[float, ...]
     framed_us: tuple[float, ...]
+    inline_us: tuple[float, ...]
 
     @property
     def nbytes(self) -> int:
@@ -80,6 +89,11 @@ class RoundTrip:
     def framed_median(self) -> float:
         """Median round trip of the connector's messages on the raw group (µs)."""
         return statistics.median(self.framed_us)
+
+    @property
+    def inline_median(self) -> float:
+        """Median round trip of the frame form written inline (µs)."""
+        return statistics.median(self.inline_us)
 
     @property
     def raw_p10(self) -> float:
@@ -138,6 +152,64 @@ class _MeasuredConnector:
         (self.raw,) = groups  # this rank's one link
 
 
+#: The header both inline sides agree on (any 64 bytes: the inline form checks, as the
+#: connector does, that the bytes arrived as sent).
+_INLINE_HEADER = bytes(range(HEADER_BYTES))
+
+
+class _InlineEcho:
+    """The FFN side of the inline frame form (see the module docstring)."""
+
+    def __init__(self, raw: Any, nbytes: int) -> None:
+        import torch
+
+        self._raw, self._nbytes = raw, nbytes
+        self._received = torch.empty(HEADER_BYTES + nbytes, dtype=torch.uint8)
+        self._reply = torch.empty(HEADER_BYTES + nbytes, dtype=torch.uint8)
+        self._received_at, self._reply_at = self._received.data_ptr(), self._reply.data_ptr()
+
+    def serve_one(self) -> None:
+        self._raw.recv([self._received], 1, TAG_PING).wait()
+        if ctypes.string_at(self._received_at, HEADER_BYTES) != _INLINE_HEADER:
+            raise RuntimeError("inline frame: header mismatch")
+        ctypes.memmove(self._reply_at, self._received_at, HEADER_BYTES)
+        rows_at = self._received_at + HEADER_BYTES  # identity compute: the output is the input
+        ctypes.memmove(self._reply_at + HEADER_BYTES, rows_at, self._nbytes)
+        self._raw.send([self._reply], 1, TAG_PONG).wait()
+
+
+class _InlineExchange:
+    """The attention side of the inline frame form (see the module docstring)."""
+
+    def __init__(self, raw: Any, tokens: int, hidden: int) -> None:
+        import torch
+
+        self._raw, self._tokens, self._hidden = raw, tokens, hidden
+        self._nbytes = tokens * hidden * 2
+        self._header = torch.tensor(list(_INLINE_HEADER), dtype=torch.uint8)
+        self._send = torch.empty(HEADER_BYTES + self._nbytes, dtype=torch.uint8)
+        self._send_at = self._send.data_ptr()
+        self._next_reply = self._reply_frame()
+
+    def _reply_frame(self) -> tuple[Any, int, Any]:
+        import torch
+
+        frame = torch.empty(HEADER_BYTES + self._nbytes, dtype=torch.uint8)
+        rows = frame[HEADER_BYTES:].view(torch.bfloat16).view(self._tokens, self._hidden)
+        return frame, frame.data_ptr(), rows
+
+    def round_trip(self, hidden: Any) -> Any:
+        ctypes.memmove(self._send_at, self._header.data_ptr(), HEADER_BYTES)
+        ctypes.memmove(self._send_at + HEADER_BYTES, hidden.data_ptr(), self._nbytes)
+        reply, reply_at, out = self._next_reply
+        works = [self._raw.recv([reply], 0, TAG_PONG), self._raw.send([self._send], 0, TAG_PING)]
+        self._next_reply = self._reply_frame()
+        _wait_all(works)
+        if ctypes.string_at(reply_at, HEADER_BYTES) != _INLINE_HEADER:
+            raise RuntimeError("inline frame: header mismatch")
+        return out
+
+
 def _ffn(
     ports: Sequence[int], rounds: int, tokens_list: Sequence[int], hiddens: Sequence[int]
 ) -> None:
@@ -151,6 +223,7 @@ def _ffn(
         for tokens in tokens_list:
             buf = torch.empty(tokens * hidden, dtype=torch.bfloat16)
             header = torch.zeros(HEADER_BYTES, dtype=torch.uint8)
+            inline = _InlineEcho(raw, buf.numel() * buf.element_size())
             for _ in range(rounds + 1):  # the first round warms up
                 step = ffn.next_step()
                 for layer in range(BLOCK):
@@ -158,6 +231,7 @@ def _ffn(
                     raw.send([buf], 1, TAG_PONG).wait()
                     _wait_all([raw.recv([header], 1, TAG_PING), raw.recv([buf], 1, TAG_PING)])
                     _wait_all([raw.send([header], 1, TAG_PONG), raw.send([buf], 1, TAG_PONG)])
+                    inline.serve_one()
                     batch = ffn.recv(step, layer, 0)
                     ffn.send(batch, batch.hidden)
         conn.close()
@@ -186,7 +260,8 @@ def _attention(
             ping, pong = x.view(-1), torch.empty(tokens * hidden, dtype=torch.bfloat16)
             header_out = torch.zeros(HEADER_BYTES, dtype=torch.uint8)
             header_in = torch.zeros(HEADER_BYTES, dtype=torch.uint8)
-            raw_us, conn_us, control_us, framed_us = [], [], [], []
+            inline = _InlineExchange(raw, tokens, hidden)
+            raw_us, conn_us, control_us, framed_us, inline_us = [], [], [], [], []
             for r in range(rounds + 1):
                 payload = ControlPayload(step_id, 0, (AFDDPMetadata(0, (tokens,)),))
                 t0 = time.perf_counter()
@@ -204,18 +279,21 @@ def _attention(
                         raw.send([header_out], 0, TAG_PING), raw.send([ping], 0, TAG_PING),
                     ])  # fmt: skip
                     t2 = time.perf_counter()
+                    z = inline.round_trip(x)
+                    t3 = time.perf_counter()
                     attention.send(layer, 0, x)
                     y = attention.recv(layer, 0)
-                    t3 = time.perf_counter()
+                    t4 = time.perf_counter()
                     if r:
                         raw_us.append((t1 - t0) * 1e6)
                         framed_us.append((t2 - t1) * 1e6)
-                        conn_us.append((t3 - t2) * 1e6)
+                        inline_us.append((t3 - t2) * 1e6)
+                        conn_us.append((t4 - t3) * 1e6)
                 step_id += 1
-            assert torch.equal(x, y)
+            assert torch.equal(x, y) and torch.equal(x, z)
             rows.append(
                 RoundTrip(tokens, hidden, tuple(raw_us), tuple(conn_us), tuple(control_us),
-                          tuple(framed_us))
+                          tuple(framed_us), tuple(inline_us))
             )  # fmt: skip
         conn.close()
     out.put(rows)
@@ -288,11 +366,11 @@ def format_table(rows: Sequence[RoundTrip], rounds: int) -> str:
         "sends one frame (header and data) each way up to 1 MiB, a 64-byte header message and "
         "the data above; raw and framed run on the connector's gloo group; p10 is less "
         "sensitive to other load on the host; framed: a header message and the data, median, "
-        "as a ratio to raw; "
-        "ctrl: one step's control payload send, median and fastest)",
+        "as a ratio to raw; inline: the frame form without the endpoints, median, as a ratio "
+        "to raw; ctrl: one step's control payload send, median and fastest)",
         f"{'tokens':>6} {'hidden':>6} {'bytes/dir':>10} | {'raw med':>8} {'conn med':>8} "
         f"{'ratio':>5} | {'raw p10':>8} {'conn p10':>8} {'ratio':>5} | {'framed':>6} | "
-        f"{'ctrl med':>8} {'ctrl min':>8}",
+        f"{'inline':>6} | {'ctrl med':>8} {'ctrl min':>8}",
     ]
     for row in rows:
         lines.append(
@@ -300,6 +378,7 @@ def format_table(rows: Sequence[RoundTrip], rounds: int) -> str:
             f"{row.conn_median:>8.1f} {row.conn_median / row.raw_median:>5.2f} | "
             f"{row.raw_p10:>8.1f} {row.conn_p10:>8.1f} {row.conn_p10 / row.raw_p10:>5.2f} | "
             f"{row.framed_median / row.raw_median:>6.2f} | "
+            f"{row.inline_median / row.raw_median:>6.2f} | "
             f"{row.control_median:>8.1f} {row.control_min:>8.1f}"
         )
     return "\n".join(lines)
