@@ -22,9 +22,9 @@ from anything else on the host):
   header, copies header and rows into its reply frame and sends it. ``inline / raw`` is
   what a frame costs on its own; ``conn / inline`` what the endpoints add to it.
 
-Raw and framed run on the connector's own gloo group (the one its link opened for the
-control channel and the data plane), under tags of their own: each gloo group has an
-I/O thread of its own, and with two groups the scheduler places those threads
+Raw, framed and inline run on the connector's own gloo group (the one its link opened
+for the control channel and the data plane), under tags of their own: each gloo group
+has an I/O thread of its own, and with two groups the scheduler places those threads
 differently on a 2-core host, which alone made two identical raw ping-pongs on two
 groups differ by 0.87-1.29x from run to run (docs/performance.md).
 
@@ -118,14 +118,14 @@ class RoundTrip:
 
 
 class _MeasuredConnector:
-    """``P2pGlooAFDConnector``'s parts, composed as it composes them (the rendezvous, a
-    link of its own with one gloo group for control and data, the P2P endpoints), with a
-    handle on that link's gloo group: the raw and framed ping-pongs run on it under tags
-    of their own, served by the same gloo I/O thread as the connector's messages."""
+    """A ``P2pGlooAFDConnector`` whose links keep a handle on their gloo group: the raw,
+    framed and inline ping-pongs run on it under tags of their own, served by the same
+    gloo I/O thread as the connector's messages."""
 
     def __init__(self, role: str, port: int, hidden: int) -> None:
         from afd_core.config import AFDConfig
-        from afd_core.connector import Connector, WireSpec
+        from afd_core.connector import WireSpec
+        from afd_core.connectors.gloo import P2pGlooAFDConnector
         from afd_core.p2p import open_p2p_links
         from afd_core.world import gloo_data_transport
 
@@ -135,14 +135,8 @@ class _MeasuredConnector:
             groups.append(control.group)
             return gloo_data_transport(session, control, *args)
 
-        class Measured(Connector):
-            name = "P2pGlooAFDConnector"
-
-            @property
-            def replaces_attention_ranks(self) -> bool:
-                return True
-
-            def connect(self) -> Any:
+        class Measured(P2pGlooAFDConnector):
+            def connect(self) -> Any:  # the connector's own connect, with data_plane
                 return open_p2p_links(self, data_plane)
 
         config = AFDConfig(role=role, connector="P2pGlooAFDConnector", port=port)
@@ -186,7 +180,6 @@ class _InlineExchange:
 
         self._raw, self._tokens, self._hidden = raw, tokens, hidden
         self._nbytes = tokens * hidden * 2
-        self._header = torch.tensor(list(_INLINE_HEADER), dtype=torch.uint8)
         self._send = torch.empty(HEADER_BYTES + self._nbytes, dtype=torch.uint8)
         self._send_at = self._send.data_ptr()
         self._next_reply = self._reply_frame()
@@ -199,7 +192,7 @@ class _InlineExchange:
         return frame, frame.data_ptr(), rows
 
     def round_trip(self, hidden: Any) -> Any:
-        ctypes.memmove(self._send_at, self._header.data_ptr(), HEADER_BYTES)
+        ctypes.memmove(self._send_at, _INLINE_HEADER, HEADER_BYTES)
         ctypes.memmove(self._send_at + HEADER_BYTES, hidden.data_ptr(), self._nbytes)
         reply, reply_at, out = self._next_reply
         works = [self._raw.recv([reply], 0, TAG_PONG), self._raw.send([self._send], 0, TAG_PING)]
@@ -364,7 +357,7 @@ def format_table(rows: Sequence[RoundTrip], rounds: int) -> str:
     lines = [
         f"per-layer round trip in µs over {rounds * BLOCK} layers (bf16; the connector "
         "sends one frame (header and data) each way up to 1 MiB, a 64-byte header message and "
-        "the data above; raw and framed run on the connector's gloo group; p10 is less "
+        "the data above; raw, framed and inline run on the connector's gloo group; p10 is less "
         "sensitive to other load on the host; framed: a header message and the data, median, "
         "as a ratio to raw; inline: the frame form without the endpoints, median, as a ratio "
         "to raw; ctrl: one step's control payload send, median and fastest)",

@@ -3,8 +3,8 @@
 * :mod:`~afd_core.p2p.attention`: :class:`P2pAttentionEndpoint`;
 * :mod:`~afd_core.p2p.ffn`: :class:`P2pFFNEndpoint`;
 * :mod:`~afd_core.p2p.headers`: the per-step header rows both sides write and check;
-* :mod:`~afd_core.p2p.frames`: small messages on host transports as one frame each,
-  header and tensors together;
+* :mod:`~afd_core.p2p.frames`: messages up to 1 MiB on host transports as one frame
+  each, header and tensors together;
 * the FFN rank's links to its attention ranks, and servers that replace an attention
   rank, live in :mod:`afd_core.links` (the expert-routed exchange uses them too).
 

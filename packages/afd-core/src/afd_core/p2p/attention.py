@@ -5,7 +5,7 @@ Per step it announces the step on the control channel; per layer and stage it se
 hidden states (and the router logits, when the layer carries them) and receives the FFN
 result (docs/wire-protocol.md):
 
-* small messages on a host-memory transport (gloo) as one frame each way
+* messages up to 1 MiB on a host-memory transport (gloo) as one frame each way
   (:mod:`afd_core.p2p.frames`): the header and the tensors are copied into the stage's
   send frame, and the reply lands in a frame whose rows become the caller's output (a
   new tensor per layer, no copy);
@@ -130,7 +130,7 @@ class P2pAttentionEndpoint(AttentionEndpoint):
         self._outgoing: OutgoingHeaders | None = None
         self._incoming: IncomingHeaders | None = None
         self._sender_name = context.failures.describe(peer.transport_rank)
-        # Small messages on host transports are frames: a send buffer per stage that used
+        # Messages up to 1 MiB on host transports are frames: a send buffer per stage that used
         # frames, and each stage's frames in the step (None: its messages are not frames).
         self._send_buffers: dict[int, FrameBuffer] = {}
         self._frames: list[_StageFrames | None] = []
@@ -284,7 +284,7 @@ class P2pAttentionEndpoint(AttentionEndpoint):
         hidden: torch.Tensor,
         router_logits: torch.Tensor | None,
     ) -> _InFlight:
-        """Small messages on host transports: one frame each way (see :mod:`.frames`)."""
+        """Messages up to 1 MiB on host transports: one frame each way (see :mod:`.frames`)."""
         frames = self._frames[stage]
         assert self._outgoing is not None and frames is not None
         frame = frames.send

@@ -5,13 +5,14 @@ takes each step from its :class:`~afd_core.control.channel.ControlInbox`; per la
 stage it receives every taking-part rank's message, computes once on all their rows and
 sends each rank its rows of the output:
 
-* on a host-memory transport (gloo) each message is one frame (:mod:`afd_core.p2p.frames`).
-  With one rank in the step the batch's tensors are views of that rank's frame (no copy);
-  with several, each frame's rows are copied into their place in the stage's input
-  tensors. Each rank's output rows are copied into its reply frame behind the header;
-* on a device transport (NCCL) each message is a header message and bare tensors,
-  received straight into each rank's rows of the input tensors and sent from slices of
-  the output tensor itself (no copy).
+* on a host-memory transport (gloo) a message of up to 1 MiB is one frame
+  (:mod:`afd_core.p2p.frames`). With one rank in the step the batch's tensors are views
+  of that rank's frame (no copy); with several, each frame's rows are copied into their
+  place in the stage's input tensors. Each rank's output rows are copied into its reply
+  frame behind the header;
+* larger messages, and every message on a device transport (NCCL), are a header message
+  and bare tensors, received straight into each rank's rows of the input tensors and
+  sent from slices of the output tensor itself (no copy).
 
 Per step the endpoint lays out a :class:`_StepPlan` once: each rank's rows, its headers
 (written for the whole step, see :mod:`afd_core.p2p.headers`), its frames and the stage's

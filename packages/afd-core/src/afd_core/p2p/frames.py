@@ -1,4 +1,4 @@
-"""Frames: a small eager P2P message on a host-memory transport is one message, header included.
+"""Frames: an eager P2P message of up to 1 MiB on a host transport is one message, header included.
 
 Why: on gloo every message costs the same system calls and wake-ups of both processes
 whatever its size (a receive announces itself to the sender, a send announces itself
@@ -42,8 +42,8 @@ if TYPE_CHECKING:
 #: Every part of a frame starts at a multiple of this many bytes.
 FRAME_ALIGN = 64
 #: The largest frame; a larger message is a header message and the bare tensors. Measured
-#: on gloo (docs/performance.md): frames beat header messages up to 256 KiB per direction
-#: (1.4-1.5x raw against 1.6-1.9x) and tie with them at 1 MiB.
+#: on gloo (docs/performance.md): frames beat header messages at 64 and 256 KiB per
+#: direction (1.3-1.6x raw against 1.7-2.0x) and tie with them at 1 MiB.
 FRAME_LIMIT_BYTES = 1 << 20
 
 memmove = ctypes.memmove
@@ -170,8 +170,11 @@ class ReplyFrames:
     """
 
     def __init__(self, layout: FrameLayout, width: int, dtype: torch.dtype) -> None:
+        import torch
+
         self.layout = layout
         self._width, self._dtype = width, dtype
+        self._empty, self._bytes = torch.empty, torch.uint8  # looked up once, not per layer
         self._next: tuple[torch.Tensor, int, torch.Tensor] | None = None
 
     def take(self) -> tuple[torch.Tensor, int, torch.Tensor]:
@@ -186,10 +189,8 @@ class ReplyFrames:
             self._next = self._allocate()
 
     def _allocate(self) -> tuple[torch.Tensor, int, torch.Tensor]:
-        import torch
-
         layout = self.layout  # a reply frame is exactly its message: header and rows
-        frame = torch.empty(layout.size, dtype=torch.uint8)
+        frame = self._empty(layout.size, dtype=self._bytes)
         rows = _part_of(frame, HEADER_BYTES, layout.hidden_bytes, layout.rows, self._width,
                         self._dtype)  # fmt: skip
         return frame, frame.data_ptr(), rows
