@@ -116,6 +116,9 @@ class P2pAttentionEndpoint(AttentionEndpoint):
             context.fuse, context.failures, context.timeout_s
         )  # fmt: skip
         self._peer = peer
+        # Every message of this rank goes to its one FFN rank: posts and waits go through a
+        # lane to it, with the peer and the wait limit worked out once.
+        self._lane = context.transport.lane(peer.transport_rank, context.timeout_s)
         self._control = control
         self._replays = replays
         self._empty = torch.empty
@@ -295,11 +298,11 @@ class P2pAttentionEndpoint(AttentionEndpoint):
             frame.write_logits(router_logits)
             message = frame.message_with_logits
         reply, reply_frame, out = frames.replies.take()
-        transport, peer = self._transport, self._peer.transport_rank
-        if transport.ordered_pairs:
-            transfers = [transport.post_send(message, peer), transport.post_recv(reply, peer)]
+        lane = self._lane
+        if self._transport.ordered_pairs:
+            transfers = [lane.post_send(message), lane.post_recv(reply)]
         else:
-            transfers = [transport.post_recv(reply, peer), transport.post_send(message, peer)]
+            transfers = [lane.post_recv(reply), lane.post_send(message)]
         frames.replies.prepare()  # the next layer's, while this round trip is in flight
         home = None if hidden.is_cpu else hidden.device
         return _InFlight(layer, row, transfers, out, home, reply_frame)
@@ -310,44 +313,44 @@ class P2pAttentionEndpoint(AttentionEndpoint):
         """A header message, then the bare tensors, each way."""
         outgoing, incoming = self._outgoing, self._incoming
         assert outgoing is not None and incoming is not None
-        transport, peer = self._transport, self._peer.transport_rank
+        lane = self._lane
         hidden, logits, out, home = self._on_device(hidden, router_logits)
         n = hidden.shape[0]
-        if transport.ordered_pairs:
-            transfers = [transport.post_send(outgoing.row(row), peer)]
+        if self._transport.ordered_pairs:
+            transfers = [lane.post_send(outgoing.row(row))]
             if n:
-                transfers.append(transport.post_send(hidden, peer))
+                transfers.append(lane.post_send(hidden))
                 if logits is not None:
-                    transfers.append(transport.post_send(logits, peer))
-            transfers.append(transport.post_recv(incoming.row(row), peer))
+                    transfers.append(lane.post_send(logits))
+            transfers.append(lane.post_recv(incoming.row(row)))
             if n:
-                transfers.append(transport.post_recv(out, peer))
+                transfers.append(lane.post_recv(out))
         else:
-            transfers = [transport.post_recv(incoming.row(row), peer)]
+            transfers = [lane.post_recv(incoming.row(row))]
             if n:
-                transfers.append(transport.post_recv(out, peer))
-            transfers.append(transport.post_send(outgoing.row(row), peer))
+                transfers.append(lane.post_recv(out))
+            transfers.append(lane.post_send(outgoing.row(row)))
             if n:
-                transfers.append(transport.post_send(hidden, peer))
+                transfers.append(lane.post_send(hidden))
                 if logits is not None:
-                    transfers.append(transport.post_send(logits, peer))
+                    transfers.append(lane.post_send(logits))
         return _InFlight(layer, row, transfers, out, home)
 
     def _post_bare(
         self, layer: int, row: int, hidden: torch.Tensor, router_logits: torch.Tensor | None
     ) -> _InFlight:
         """Graph steps: the bare tensors each way, no header (checked on the control plane)."""
-        transport, peer = self._transport, self._peer.transport_rank
+        lane = self._lane
         hidden, logits, out, home = self._on_device(hidden, router_logits)
-        if transport.ordered_pairs:
-            transfers = [transport.post_send(hidden, peer)]
+        if self._transport.ordered_pairs:
+            transfers = [lane.post_send(hidden)]
             if logits is not None:
-                transfers.append(transport.post_send(logits, peer))
-            transfers.append(transport.post_recv(out, peer))
+                transfers.append(lane.post_send(logits))
+            transfers.append(lane.post_recv(out))
         else:
-            transfers = [transport.post_recv(out, peer), transport.post_send(hidden, peer)]
+            transfers = [lane.post_recv(out), lane.post_send(hidden)]
             if logits is not None:
-                transfers.append(transport.post_send(logits, peer))
+                transfers.append(lane.post_send(logits))
         return _InFlight(layer, row, transfers, out, home)
 
     def _on_device(
@@ -411,10 +414,8 @@ class P2pAttentionEndpoint(AttentionEndpoint):
         step = self._step
         inflight = take_in_flight(self._inflight, layer, stage, self._role_rank)
         assert step is not None  # a send of this step put it in flight
-        transport = self._transport
-        deadline = time.monotonic() + self._timeout_s
         try:
-            transport.wait_all(inflight.transfers, deadline)
+            self._lane.wait_all(inflight.transfers)
             step.done += 1
             incoming = self._incoming
             if not step.graph and incoming is not None:
@@ -423,7 +424,7 @@ class P2pAttentionEndpoint(AttentionEndpoint):
                 elif incoming.checks_each_message:
                     incoming.check(inflight.row)
                 elif step.done == step.expected:
-                    transport.synchronize(deadline)
+                    self._transport.synchronize(time.monotonic() + self._timeout_s)
                     incoming.check_all(step.expected)
         except TransferFailed as exc:
             doing = layer_of_step(layer, step.step_id)

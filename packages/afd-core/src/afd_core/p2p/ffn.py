@@ -33,7 +33,7 @@ from afd_core.failures import guarded, guarded_until_closed, layer_of_step
 from afd_core.graphs import ReplayGuard
 from afd_core.p2p.frames import FrameBuffer, FrameLayout, HeldFrame, memmove, uses_frames
 from afd_core.p2p.headers import IncomingHeaders, OutgoingHeaders
-from afd_core.transport import Transfer, TransferFailed
+from afd_core.transport import Lane, Transfer, TransferFailed
 from afd_core.wire import HEADER_BYTES, HeaderCodec
 
 if TYPE_CHECKING:
@@ -62,10 +62,12 @@ class _MemberFrames:
 
 @dataclass(slots=True)
 class _Member:
-    """One attention rank of a step: its link, where its rows go, its headers and frames."""
+    """One attention rank of a step: its link (and a lane to it on the link's data
+    transport), where its rows go, its headers and frames."""
 
     rank: int
     link: AttentionLink
+    lane: Lane
     step_id: int
     rows: slice
     count: int
@@ -78,13 +80,16 @@ class _Member:
 
 @dataclass(slots=True)
 class _StagePlan:
-    """One stage of a step: its members, total rows and input tensors."""
+    """One stage of a step: its members, total rows and input tensors. ``solo`` is the
+    one member when the batch is that member's frame (one attention rank, frames): its
+    layers take a path without loops or closures."""
 
     members: tuple[_Member, ...]
     total: int
     hidden: torch.Tensor
     logits: torch.Tensor | None
     splits: tuple[int, ...]
+    solo: _Member | None = None
 
 
 @dataclass(slots=True)
@@ -159,25 +164,36 @@ class P2pFFNEndpoint(FFNEndpoint):
             )
         with_logits = self._wire.logits_width_at(layer) > 0
         row = stage * len(self._layers) + self._index[layer]
+        solo = plan.solo
+        if solo is not None:
+            if solo.link.lost is None:
+                message = self._received_message(solo, with_logits)
+                if self._exchange_solo(solo, layer, solo.lane.post_recv, message):
+                    self._take_in(solo, row, with_logits)
+        else:
 
-        def post(member: _Member) -> list[Transfer]:
-            transport, peer = member.link.data, member.link.peer
-            if member.frames is not None:
-                frame = member.frames.received
-                message = frame.message_with_logits if with_logits else frame.message
-                return [transport.post_recv(message, peer)]
-            transfers = [transport.post_recv(member.incoming.row(row), peer)]
-            if member.count:
-                transfers.append(transport.post_recv(member.hidden, peer))
-                if with_logits and member.logits is not None:
-                    transfers.append(transport.post_recv(member.logits, peer))
-            return transfers
+            def post(member: _Member) -> list[Transfer]:
+                if member.frames is not None:
+                    return [member.lane.post_recv(self._received_message(member, with_logits))]
+                transfers = [member.lane.post_recv(member.incoming.row(row))]
+                if member.count:
+                    transfers.append(member.lane.post_recv(member.hidden))
+                    if with_logits and member.logits is not None:
+                        transfers.append(member.lane.post_recv(member.logits))
+                return transfers
 
-        for member in self._exchange(plan, layer, post):
-            if member.link.lost is None:
-                self._take_in(member, row, with_logits)
+            for member in self._exchange(plan, layer, post):
+                if member.link.lost is None:
+                    self._take_in(member, row, with_logits)
         logits = plan.logits if with_logits else None
         return FFNLayerBatch(step, layer, stage, plan.hidden, plan.splits, logits)
+
+    @staticmethod
+    def _received_message(member: _Member, with_logits: bool) -> torch.Tensor:
+        """The tensor ``member``'s frame is received into (the frame's exact size)."""
+        assert member.frames is not None
+        frame = member.frames.received
+        return frame.message_with_logits if with_logits else frame.message
 
     @staticmethod
     def _take_in(member: _Member, row: int, with_logits: bool) -> None:
@@ -217,23 +233,35 @@ class P2pFFNEndpoint(FFNEndpoint):
         if not output.is_contiguous():
             output = output.contiguous()
         address = output.data_ptr()
+        solo = plan.solo
+        if solo is not None:
+            if solo.link.lost is None:
+                message = self._reply_message(solo, row, address)
+                self._exchange_solo(solo, layer, solo.lane.post_send, message)
+        else:
 
-        def post(member: _Member) -> list[Transfer]:
-            transport, peer = member.link.data, member.link.peer
-            frames = member.frames
-            if frames is not None:
-                frame = frames.reply
-                memmove(frame.address, member.outgoing.address(row), HEADER_BYTES)
-                rows_at = address + frames.output_at
-                memmove(frame.address + HEADER_BYTES, rows_at, frame.layout.hidden_bytes)
-                return [transport.post_send(frame.message, peer)]
-            transfers = [transport.post_send(member.outgoing.row(row), peer)]
-            if member.count:
-                transfers.append(transport.post_send(output[member.rows], peer))
-            return transfers
+            def post(member: _Member) -> list[Transfer]:
+                if member.frames is not None:
+                    return [member.lane.post_send(self._reply_message(member, row, address))]
+                transfers = [member.lane.post_send(member.outgoing.row(row))]
+                if member.count:
+                    transfers.append(member.lane.post_send(output[member.rows]))
+                return transfers
 
-        self._exchange(plan, layer, post)
+            self._exchange(plan, layer, post)
         self._finish_exchange(step)
+
+    @staticmethod
+    def _reply_message(member: _Member, row: int, address: int) -> torch.Tensor:
+        """``member``'s reply frame for message ``row``, filled: its header, then its rows
+        of the output at host ``address``."""
+        frames = member.frames
+        assert frames is not None
+        frame = frames.reply
+        memmove(frame.address, member.outgoing.address(row), HEADER_BYTES)
+        rows_at = address + frames.output_at
+        memmove(frame.address + HEADER_BYTES, rows_at, frame.layout.hidden_bytes)
+        return frame.message
 
     @guarded
     def recv_into(
@@ -259,8 +287,7 @@ class P2pFFNEndpoint(FFNEndpoint):
             targets = [hidden[member.rows]]
             if router_logits is not None:
                 targets.append(router_logits[member.rows])
-            link = member.link
-            return [link.data.post_recv(t, link.peer) for t in targets]
+            return [member.lane.post_recv(t) for t in targets]
 
         self._exchange(plan, layer, post)
 
@@ -270,7 +297,7 @@ class P2pFFNEndpoint(FFNEndpoint):
         self._check_graph_tensor("output", output, plan.total, self._wire.hidden_size)
 
         def post(member: _Member) -> list[Transfer]:
-            return [member.link.data.post_send(output[member.rows], member.link.peer)]
+            return [member.lane.post_send(output[member.rows])]
 
         self._exchange(plan, layer, post)
 
@@ -330,7 +357,8 @@ class P2pFFNEndpoint(FFNEndpoint):
                 None if step.is_graph_step else self._frames_of(link, stage, n)
                 for link, n in zip(links, counts, strict=True)
             ]
-            if len(links) == 1 and frames[0] is not None:  # the batch is the rank's frame
+            solo = len(links) == 1 and frames[0] is not None
+            if solo:  # the batch is the rank's frame
                 hidden, logits = self._frame_inputs(frames[0][0])
             else:
                 hidden, logits = self._stage_inputs(stage, total)
@@ -351,12 +379,16 @@ class P2pFFNEndpoint(FFNEndpoint):
                         logits_at=0 if rows_logits is None else rows_logits.data_ptr(),
                         output_at=start * row_bytes,
                     )  # fmt: skip
+                lane = link.data.lane(link.peer, self._timeout_s)
                 members.append(
-                    _Member(link.rank, link, payload.step_id, rows, n, incoming, outgoing,
+                    _Member(link.rank, link, lane, payload.step_id, rows, n, incoming, outgoing,
                             rows_hidden, rows_logits, member_frames)
                 )  # fmt: skip
                 start += n
-            stages.append(_StagePlan(tuple(members), total, hidden, logits, counts))
+            stages.append(
+                _StagePlan(tuple(members), total, hidden, logits, counts,
+                           members[0] if solo else None)
+            )  # fmt: skip
         # Graph steps make no host calls per layer when replayed: nothing to count.
         plan = _StepPlan(step, tuple(stages), expected=0 if step.is_graph_step else rows_per_step)
         if not step.is_graph_step:
@@ -451,12 +483,28 @@ class P2pFFNEndpoint(FFNEndpoint):
         self._wait(posted, layer)
         return [member for member, _ in posted]
 
+    def _exchange_solo(
+        self,
+        member: _Member,
+        layer: int,
+        post: Callable[[torch.Tensor], Transfer],
+        message: torch.Tensor,
+    ) -> bool:
+        """:meth:`_exchange` for a stage's one member and one frame: ``post(message)`` on
+        its lane, then wait. False when it failed and the member was lost."""
+        try:
+            member.lane.wait_all([post(message)])
+        except TransferFailed as exc:
+            self._lose(member, exc, layer)
+            return False
+        return True
+
     def _wait(self, posted: list[tuple[_Member, list[Transfer]]], layer: int) -> None:
         """Wait for every transfer posted, member by member, under one deadline."""
         deadline = time.monotonic() + self._timeout_s
         for member, transfers in posted:
             try:
-                member.link.data.wait_all(transfers, deadline)
+                member.lane.wait_all(transfers, deadline)
             except TransferFailed as exc:
                 self._lose(member, exc, layer)
 

@@ -17,6 +17,9 @@ these operations:
   there; a stream-ordered one (NCCL) only orders the caller's stream after the transfer
   and leaves the host free: :meth:`Transport.synchronize` then waits on the host, with a
   deadline, for everything posted so far.
+* :meth:`Transport.lane` gives a :class:`Lane`: the same posts and waits with one peer,
+  for the endpoints' per-layer hot path, with what the transport needs about the peer
+  (its tags, the wait limit in the library's form) worked out once.
 * :meth:`Transport.interrupt` makes every blocked wait of this process raise
   :class:`TransferFailed` (``reason="interrupted"``) promptly; the transport is unusable
   afterwards. :meth:`Transport.close` interrupts and releases everything; both are
@@ -34,6 +37,7 @@ afd-connectors-gpu over NCCL. Importing this module imports no torch.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar, Literal
 
@@ -119,6 +123,14 @@ class Transport(ABC):
         for transfer in transfers:
             self.wait(transfer, deadline)
 
+    def lane(self, peer: int, timeout_s: float) -> Lane:
+        """A :class:`Lane` to world rank ``peer`` whose waits end within ``timeout_s``.
+
+        The default delegates every call to this transport; a transport may return a
+        leaner lane of its own (with the same behaviour).
+        """
+        return Lane(self, peer, timeout_s)
+
     def synchronize(self, deadline: float) -> None:
         """Block the host until every transfer posted so far is complete.
 
@@ -151,3 +163,36 @@ class Transport(ABC):
     def to_host(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` (on :attr:`device`) as a CPU tensor; synchronises for device memory."""
         return tensor
+
+
+class Lane:
+    """Posts to and from one peer of a transport, and bounded waits for them.
+
+    :meth:`post_send` and :meth:`post_recv` behave as the transport's with ``peer``;
+    :meth:`wait_all` waits for transfers posted on this lane, either each within
+    ``timeout_s`` of the moment its wait begins (no deadline given) or all until a
+    deadline, and raises :class:`TransferFailed` as :meth:`Transport.wait` does. This
+    default delegates to the transport; build lanes with :meth:`Transport.lane`.
+    """
+
+    __slots__ = ("peer", "timeout_s", "transport")
+
+    def __init__(self, transport: Transport, peer: int, timeout_s: float) -> None:
+        self.transport = transport
+        self.peer = peer
+        self.timeout_s = timeout_s
+
+    def post_send(self, tensor: torch.Tensor) -> Transfer:
+        """Start sending the contiguous ``tensor`` to the peer."""
+        return self.transport.post_send(tensor, self.peer)
+
+    def post_recv(self, tensor: torch.Tensor) -> Transfer:
+        """Start receiving the peer's next message into the contiguous ``tensor``."""
+        return self.transport.post_recv(tensor, self.peer)
+
+    def wait_all(self, transfers: list[Transfer], deadline: float | None = None) -> None:
+        """Wait for each of ``transfers`` in order: until ``deadline``
+        (``time.monotonic()``), or with no deadline each within ``timeout_s``."""
+        if deadline is None:
+            deadline = time.monotonic() + self.timeout_s
+        self.transport.wait_all(transfers, deadline)

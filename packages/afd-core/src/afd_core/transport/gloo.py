@@ -39,7 +39,7 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, ClassVar
 
-from afd_core.transport import Transfer, TransferFailed, Transport
+from afd_core.transport import Lane, Transfer, TransferFailed, Transport
 
 if TYPE_CHECKING:
     import torch
@@ -138,6 +138,9 @@ class GlooTransport(Transport):
             detail = str(exc)
         raise self._failure(peer, detail)
 
+    def lane(self, peer: int, timeout_s: float) -> GlooLane:
+        return GlooLane(self, peer, timeout_s)
+
     def wait(self, transfer: Transfer, deadline: float | None) -> None:
         self.wait_all([transfer], deadline)
 
@@ -194,3 +197,55 @@ class GlooTransport(Transport):
         if "Timed out" in detail:
             return TransferFailed(peer, "timeout", detail)
         return TransferFailed(peer, "peer_closed", detail)
+
+
+class GlooLane(Lane):
+    """:class:`~afd_core.transport.Lane` over a :class:`GlooTransport`: one call into gloo
+    per post and per wait, with the peer's two tags and the wait limit (a ``timedelta``)
+    worked out once. Each wait without a deadline is bounded by ``timeout_s`` on its own:
+    a gloo wait that times out closes every pair of the group, so the waits after it fail
+    at once. Posts after the transport was interrupted or closed raise "interrupted"."""
+
+    __slots__ = ("_gloo", "_group", "_recv_tag", "_send_tag", "_timeout")
+
+    def __init__(self, transport: GlooTransport, peer: int, timeout_s: float) -> None:
+        super().__init__(transport, peer, timeout_s)
+        self._gloo = transport
+        self._group = transport.group
+        upward = transport._tag | TAG_UPWARD
+        higher = transport._world_rank > peer
+        self._send_tag = upward if higher else transport._tag
+        self._recv_tag = transport._tag if higher else upward
+        self._timeout = timedelta(seconds=timeout_s)
+
+    def post_send(self, tensor: torch.Tensor) -> Transfer:
+        if self._gloo._interrupted:
+            raise TransferFailed(self.peer, "interrupted", "the transport is closed")
+        try:
+            return Transfer(self.peer, self._group.send([tensor], self.peer, self._send_tag))
+        except RuntimeError as exc:
+            detail = str(exc)
+        raise self._gloo._failure(self.peer, detail)
+
+    def post_recv(self, tensor: torch.Tensor) -> Transfer:
+        if self._gloo._interrupted:
+            raise TransferFailed(self.peer, "interrupted", "the transport is closed")
+        try:
+            return Transfer(self.peer, self._group.recv([tensor], self.peer, self._recv_tag))
+        except RuntimeError as exc:
+            detail = str(exc)
+        raise self._gloo._failure(self.peer, detail)
+
+    def wait_all(self, transfers: list[Transfer], deadline: float | None = None) -> None:
+        if deadline is not None:
+            self._gloo.wait_all(transfers, deadline)
+            return
+        timeout = self._timeout
+        for transfer in transfers:
+            try:
+                transfer.work.wait(timeout)  # type: ignore[attr-defined]
+                continue
+            except RuntimeError as exc:
+                detail = str(exc)
+            del transfers, transfer  # as in GlooTransport.wait_all: no Work in the traceback
+            raise self._gloo._failure(self.peer, detail)
