@@ -81,3 +81,11 @@ def test_a_lane_of_an_interrupted_transport_refuses_to_post(transports):
         with pytest.raises(TransferFailed) as failed:
             post(torch.zeros(4))
         assert failed.value.reason == "interrupted"
+
+
+def test_a_lane_of_a_closed_transport_can_be_made_and_refuses_to_post(transports):
+    transports[0].close()
+    lane = transports[0].lane(1, 5.0)  # as the FFN rank makes one for a lost link's plan
+    with pytest.raises(TransferFailed) as failed:
+        lane.post_recv(torch.zeros(4))
+    assert failed.value.reason == "interrupted"

@@ -204,14 +204,15 @@ class GlooLane(Lane):
     per post and per wait, with the peer's two tags and the wait limit (a ``timedelta``)
     worked out once. Each wait without a deadline is bounded by ``timeout_s`` on its own:
     a gloo wait that times out closes every pair of the group, so the waits after it fail
-    at once. Posts after the transport was interrupted or closed raise "interrupted"."""
+    at once. Posts after the transport was interrupted or closed raise "interrupted" (a
+    lane may be made of a closed transport: a lost link's)."""
 
     __slots__ = ("_gloo", "_group", "_recv_tag", "_send_tag", "_timeout")
 
     def __init__(self, transport: GlooTransport, peer: int, timeout_s: float) -> None:
         super().__init__(transport, peer, timeout_s)
         self._gloo = transport
-        self._group = transport.group
+        self._group = transport._group  # None once closed: posts then raise first
         upward = transport._tag | TAG_UPWARD
         higher = transport._world_rank > peer
         self._send_tag = upward if higher else transport._tag
