@@ -144,21 +144,24 @@ class GlooTransport(Transport):
     def wait(self, transfer: Transfer, deadline: float | None) -> None:
         self.wait_all([transfer], deadline)
 
-    def wait_all(self, transfers: list[Transfer], deadline: float | None) -> None:
+    def wait_all(
+        self, transfers: list[Transfer], deadline: float | None, each: timedelta | None = None
+    ) -> None:
+        """The contract's ``wait_all``; ``each``, when given, bounds every wait on its own
+        instead of ``deadline`` (how a :class:`GlooLane` waits)."""
         for transfer in transfers:
-            if deadline is None:
+            timeout = each
+            if timeout is None:
                 timeout = FOREVER
-            else:
-                timeout = timedelta(seconds=deadline - time.monotonic())
-                if timeout < _MIN_WAIT:
-                    timeout = _MIN_WAIT
+                if deadline is not None:
+                    timeout = max(timedelta(seconds=deadline - time.monotonic()), _MIN_WAIT)
             try:
                 transfer.work.wait(timeout)  # type: ignore[attr-defined]
                 continue
             except RuntimeError as exc:
                 detail = str(exc)
             failure = self._failure(transfer.peer, detail)
-            if failure.reason == "timeout" and deadline is None:
+            if failure.reason == "timeout" and deadline is None and each is None:
                 failure = TransferFailed(transfer.peer, "interrupted", failure.detail)
             del transfers, transfer  # see above: the traceback must not hold the Work
             raise failure
@@ -238,15 +241,4 @@ class GlooLane(Lane):
         raise self._gloo._failure(self.peer, detail)
 
     def wait_all(self, transfers: list[Transfer], deadline: float | None = None) -> None:
-        if deadline is not None:
-            self._gloo.wait_all(transfers, deadline)
-            return
-        timeout = self._timeout
-        for transfer in transfers:
-            try:
-                transfer.work.wait(timeout)  # type: ignore[attr-defined]
-                continue
-            except RuntimeError as exc:
-                detail = str(exc)
-            del transfers, transfer  # as in GlooTransport.wait_all: no Work in the traceback
-            raise self._gloo._failure(self.peer, detail)
+        self._gloo.wait_all(transfers, deadline, None if deadline is not None else self._timeout)
