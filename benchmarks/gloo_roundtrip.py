@@ -12,7 +12,7 @@ from anything else on the host):
 * **framed**: header messages without the connector: a 64-byte header message and then
   the hidden states each way, posted in the connector's order. That is how the
   connector sends messages above its frame limit (1 MiB; up to it a message is one
-  frame, header and tensors together: ``afd_core.p2p.frames``). ``framed / raw`` is what
+  frame, header and tensors together: ``afd_core.runtime.p2p.frames``). ``framed / raw`` is what
   a header message of its own costs;
 * **inline**: the frame form's essential work written inline, without the endpoints:
   the attention side copies a 64-byte header and the hidden states into a reused frame,
@@ -126,8 +126,8 @@ class _MeasuredConnector:
         from afd_core.config import AFDConfig
         from afd_core.connector import WireSpec
         from afd_core.connectors.gloo import P2pGlooAFDConnector
-        from afd_core.p2p import open_p2p_links
-        from afd_core.world import gloo_data_transport
+        from afd_core.runtime.p2p import open_p2p_links
+        from afd_core.runtime.world import gloo_data_transport
 
         groups: list[Any] = []
 

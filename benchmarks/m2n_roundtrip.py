@@ -74,8 +74,8 @@ def rows_of(ids: Any, ffn_ranks: int) -> list[int]:
     """Rows routed to each FFN rank (the connector's placement and rule)."""
     import torch
 
-    from afd_core.expert.placement import ExpertPlacement
-    from afd_core.expert.routing import rows_per_rank
+    from afd_core.placement import ExpertPlacement
+    from afd_core.runtime.expert.routing import rows_per_rank
 
     placement = ExpertPlacement(NUM_EXPERTS, ffn_ranks)
     owners = torch.tensor([placement.owner(e) for e in range(NUM_EXPERTS)])

@@ -80,7 +80,7 @@ class LoopbackExpertExchanger:
         from vllm.forward_context import set_forward_context
 
         from afd_core.connector import ExpertRouting
-        from afd_core.expert.routing import combine, localize, rows_per_rank
+        from afd_core.runtime.expert.routing import combine, localize, rows_per_rank
 
         self.calls.append((layer, hidden.shape[0]))
         parts = []

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from afd_core.launch import DeploymentSpec, LocalDeployment, ServerSpec, VllmServer, free_ports
-from afd_core.worker_exit import EXIT_GRACE_S
+from afd_core.workers.process_exit import EXIT_GRACE_S
 from afd_models.tiny.specs import PROMPTS
 from tests.e2e_cpu.harness import MonolithicServers, complete
 
@@ -456,7 +456,7 @@ def test_a_server_waiting_at_the_rendezvous_ends_on_a_signal(
     waits) gets SIGTERM on its API process, as a supervisor sends it; the attention
     server (its rendezvous runs inside vLLM's engine start-up) gets SIGINT on its process
     group, as Ctrl-C in a terminal sends it, or SIGTERM on its API process alone (which
-    vLLM alone would act on only when its start-up wait ends: afd_core.startup_signals).
+    vLLM alone would act on only when its start-up wait ends: afd_core.workers.startup_signals).
     Either ends its whole tree within :data:`SIGNAL_BOUND_S`."""
     port, connector_port = free_ports(2)
     server = afd_server(role, tiny_models / MODEL, tmp_path, vllm_cache_root, port, connector_port)

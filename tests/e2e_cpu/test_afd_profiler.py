@@ -19,7 +19,7 @@ import pytest
 
 from afd_core.cli import main as afd_main
 from afd_core.launch import DeploymentSpec, LocalDeployment
-from afd_core.profiling import (
+from afd_core.workers.profiling import (
     ATTENTION_BEGIN,
     ATTENTION_SEND,
     ATTENTION_WAIT,

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from afd_core.seats import VACANCY_WAIT_S
+from afd_core.runtime.seats import VACANCY_WAIT_S
 from tests.integration.test_gloo_connector import (
     WIRE,
     attention_inputs,

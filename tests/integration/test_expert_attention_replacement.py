@@ -23,7 +23,7 @@ import torch
 from afd_core.connector import ExpertRouting
 from afd_core.errors import AFDPeerError
 from afd_core.metadata import AFDDPMetadata, ControlPayload
-from afd_core.seats import VACANCY_WAIT_S
+from afd_core.runtime.seats import VACANCY_WAIT_S
 from tests.integration.test_expert_routed_gloo import LAYERS, connect, expert_function, routing
 
 IDLE_LIMIT_S = 60

@@ -20,10 +20,10 @@ import torch
 from afd_core.config import AFDConfig
 from afd_core.connector import Connector, ConnectorParts, WireSpec
 from afd_core.connectors.gloo import P2pGlooAFDConnector
-from afd_core.liveness import SILENCE_S
+from afd_core.runtime.liveness import SILENCE_S
 from afd_core.metadata import AFDDPMetadata, ControlPayload
-from afd_core.p2p import open_p2p
-from afd_core.world import gloo_data_transport
+from afd_core.runtime.p2p import open_p2p
+from afd_core.runtime.world import gloo_data_transport
 from tests.integration.peer_errors import reports_peer_gone
 from tests.unit.core.loopback import RecordingReplayGuard
 
@@ -570,7 +570,7 @@ def test_graph_steps_of_two_ranks_move_bare_tensors_exactly(ranks, port):
         assert seen == steps
 
 
-# Peer liveness (afd_core.liveness) -------------------------------------------------------
+# Peer liveness (afd_core.runtime.liveness) -------------------------------------------------------
 
 
 def attention_after_one_layer(port: int) -> tuple[P2pGlooAFDConnector, list[float]]:
@@ -641,7 +641,7 @@ def test_an_idle_attention_rank_learns_within_seconds_that_its_ffn_rank_is_gone(
 def ffn_busy_then_frozen(port: int, ffn_pid: Any, frozen: Any) -> None:
     """Serve one layer, announce a busy spell, and stay in it while the other rank
     freezes this process (as a profiler holding the GIL would starve its heartbeats)."""
-    from afd_core import liveness
+    from afd_core.runtime import liveness
 
     ffn_pid.value = os.getpid()
     conn = connect("ffn", 0, port, 1, 1)

@@ -17,8 +17,8 @@ import pytest
 
 from afd_core.errors import AFDPeerError
 from afd_core.launch import free_ports
-from afd_core.rendezvous import open_session
-from afd_core.store_gate import HANDSHAKE_S, MAGIC, SECRET_ENV, rendezvous_secret
+from afd_core.runtime.rendezvous import open_session
+from afd_core.runtime.store_gate import HANDSHAKE_S, MAGIC, SECRET_ENV, rendezvous_secret
 from tests.integration.test_gloo_connector import LAYERS, run_attention, run_ffn
 
 pytest.importorskip("torch.distributed", reason="the store is torch's TCPStore")
@@ -138,7 +138,7 @@ def test_a_rank_without_the_secret_is_told_why_even_when_the_first_look_misses_t
 ) -> None:
     """On a loaded host the gate may greet later than the first look waits: the rank then
     tries the store, fails, looks again for longer, and still names the missing secret."""
-    from afd_core import rendezvous
+    from afd_core.runtime import rendezvous
 
     looks: list[float] = []
     real = rendezvous.announces_gate

@@ -30,11 +30,11 @@ import torch
 
 from afd_core.config import AFDConfig
 from afd_core.connector import Connector, ConnectorParts, WireSpec
-from afd_core.expert import assemble_expert
+from afd_core.runtime.expert import assemble_expert
 from afd_core.failures import PeerFailures
-from afd_core.p2p import assemble_p2p
+from afd_core.runtime.p2p import assemble_p2p
 from afd_core.transport import Transfer, TransferFailed, Transport
-from afd_core.world import World
+from afd_core.runtime.world import World
 
 
 class Fabric:

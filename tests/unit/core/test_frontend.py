@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from afd_core.frontend import (
+from afd_core.workers.frontend import (
     ENGINE_GONE_GRACE_S,
     FAILURE_EXIT_STATUS,
     FAILURE_RECORD_ENV,
@@ -41,10 +41,10 @@ def run_python(code: str, tmp_path: Path, **kwargs: object) -> subprocess.Comple
 def test_a_frontend_exits_non_zero_when_a_descendant_recorded_a_failure(tmp_path: Path) -> None:
     code = """
 import subprocess, sys
-from afd_core.frontend import become_frontend
+from afd_core.workers.frontend import become_frontend
 become_frontend()
 subprocess.run([sys.executable, "-c", '''
-from afd_core.frontend import record_failure
+from afd_core.workers.frontend import record_failure
 record_failure("FFN", RuntimeError("attention rank 0 did not arrive"))
 record_failure("FFN", RuntimeError("a later failure"))
 '''], check=True)
@@ -58,11 +58,11 @@ record_failure("FFN", RuntimeError("a later failure"))
 
 def test_a_frontend_without_a_recorded_failure_keeps_its_exit_status(tmp_path: Path) -> None:
     result = run_python(
-        "from afd_core.frontend import become_frontend; become_frontend()", tmp_path
+        "from afd_core.workers.frontend import become_frontend; become_frontend()", tmp_path
     )
     assert result.returncode == 0, result.stderr
     result = run_python(
-        "import sys; from afd_core.frontend import become_frontend; become_frontend(); sys.exit(3)",
+        "import sys; from afd_core.workers.frontend import become_frontend; become_frontend(); sys.exit(3)",
         tmp_path,
     )
     assert result.returncode == 3
@@ -78,14 +78,14 @@ def test_record_failure_outside_an_afd_server_does_nothing(tmp_path: Path) -> No
 
 WORKER = """
 import time
-from afd_core.frontend import watch_frontend
+from afd_core.workers.frontend import watch_frontend
 assert watch_frontend()
 print("worker", flush=True)
 time.sleep(120)
 """
 ENGINE = f"""
 import subprocess, sys, time
-from afd_core.frontend import watch_frontend
+from afd_core.workers.frontend import watch_frontend
 assert watch_frontend()
 worker = subprocess.Popen([sys.executable, "-c", {WORKER!r}], stdout=sys.stdout)
 print("pids", worker.pid, flush=True)
@@ -93,7 +93,7 @@ time.sleep(120)
 """
 FRONTEND = f"""
 import os, subprocess, sys, time
-from afd_core.frontend import become_frontend
+from afd_core.workers.frontend import become_frontend
 become_frontend()
 engine = subprocess.Popen([sys.executable, "-c", {ENGINE!r}], stdout=sys.stdout)
 print("engine", engine.pid, flush=True)
@@ -151,7 +151,7 @@ def _exists(pid: int) -> bool:
 API_SERVER = """
 import subprocess, sys, time
 sys.argv[0] = "/site-packages/vllm/entrypoints/openai/api_server.py"
-from afd_core.frontend import become_frontend
+from afd_core.workers.frontend import become_frontend
 become_frontend()
 engine = subprocess.Popen([sys.executable, "-c", '''
 import time

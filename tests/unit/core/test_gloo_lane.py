@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from afd_core.transport import Lane, TransferFailed  # noqa: E402
-from afd_core.transport.gloo import GlooLane, GlooTransport  # noqa: E402
+from afd_core.runtime.gloo import GlooLane, GlooTransport  # noqa: E402
 
 
 @pytest.fixture

@@ -135,7 +135,7 @@ def test_the_afd_timeout_reaches_both_roles_only_when_set():
 
 
 def test_every_server_of_a_deployment_gets_its_secret_which_no_repr_shows():
-    from afd_core.store_gate import SECRET_ENV
+    from afd_core.runtime.store_gate import SECRET_ENV
 
     spec = DeploymentSpec(model=Path("/m"), num_attention_ranks=2, connector="FakeP2P")
     servers = spec.server_specs(29700, attention_ports=[9000, 9001], ffn_ports=[9100])

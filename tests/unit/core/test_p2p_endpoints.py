@@ -3,7 +3,7 @@
 Real composed connectors (control sender and inbox threads, endpoints, header rows) on
 :mod:`tests.unit.core.loopback` instead of gloo: the protocol's rules without sockets.
 On the host data planes the tests' small messages are frames (header and tensors in one
-message, :mod:`afd_core.p2p.frames`); the ``message_form`` fixture runs a test a second
+message, :mod:`afd_core.runtime.p2p.frames`); the ``message_form`` fixture runs a test a second
 time with every message as a header message and bare tensors, the form that messages
 above the frame limit take.
 """
@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 from afd_core.connector import WireSpec  # noqa: E402
 from afd_core.errors import AFDPeerError, AFDProtocolError, AFDShutdown  # noqa: E402
 from afd_core.metadata import AFDDPMetadata, ControlPayload  # noqa: E402
-from afd_core.p2p import frames  # noqa: E402
+from afd_core.runtime.p2p import frames  # noqa: E402
 from tests.unit.core.loopback import DATA_PLANES, close_all, loopback_connectors  # noqa: E402
 
 

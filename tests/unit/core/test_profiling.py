@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from afd_core import profiling
-from afd_core.profiling import (
+from afd_core.workers.profiling import (
     FFN_COMPUTE,
     afd_range,
     ranges_enabled,

@@ -13,7 +13,7 @@ from afd_core.connector import WireSpec
 from afd_core.errors import AFDConfigError, AFDProtocolError
 from afd_core.launch import free_ports
 from afd_core.metadata import TransferHeader
-from afd_core.rendezvous import (
+from afd_core.runtime.rendezvous import (
     PROTOCOL,
     Hello,
     bind_listener,
@@ -142,7 +142,7 @@ def test_a_store_address_in_use_is_a_config_error_naming_it():
 
 
 def test_a_rank_listens_on_its_own_address_towards_ffn_rank_0():
-    from afd_core.liveness import local_address_towards
+    from afd_core.runtime.liveness import local_address_towards
 
     assert local_address_towards("127.0.0.1") == "127.0.0.1"
     assert local_address_towards("localhost") in {"127.0.0.1", "::1"}

@@ -1,7 +1,7 @@
 """Seat records and the FFN rank's links: who may take a seat, what losing a link means.
 
 Pure logic over an in-memory store (the store calls of ``torch.distributed.Store`` that
-:mod:`afd_core.seats` uses); the processes and gloo groups are in
+:mod:`afd_core.runtime.seats` uses); the processes and gloo groups are in
 ``tests/integration/test_attention_replacement.py``.
 """
 
@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 
 from afd_core import links as links_module
-from afd_core import seats
+from afd_core.runtime import seats
 from afd_core.errors import AFDPeerError, AFDProtocolError
 from afd_core.failures import Fuse, PeerFailures
-from afd_core.links import AttentionLink, BlockLinks
-from afd_core.rendezvous import Session
+from afd_core.runtime.links import AttentionLink, BlockLinks
+from afd_core.runtime.rendezvous import Session
 from afd_core.topology import Topology
 
 

@@ -1,6 +1,6 @@
 """A stop signal taken by another thread reaches a main thread blocked in a ZMQ poll.
 
-``afd_core.startup_signals``.
+``afd_core.workers.startup_signals``.
 
 Real processes (``python -c``) and a real pyzmq poll, no vLLM: the main thread installs a
 SIGTERM handler that raises ``KeyboardInterrupt`` (what vLLM's API server does for its
@@ -24,7 +24,7 @@ END_BOUND_S = 5.0
 
 PROGRAM = f"""
 import signal, socket, sys, threading, zmq
-from afd_core.startup_signals import relay_startup_signals
+from afd_core.workers.startup_signals import relay_startup_signals
 
 RELAY = sys.argv[1] == "relay"
 

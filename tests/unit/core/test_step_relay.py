@@ -18,13 +18,13 @@ import pytest
 import torch
 
 from afd_core.config import AFDConfig
-from afd_core.control.relay import FollowingRelay
+from afd_core.runtime.control.relay import FollowingRelay
 from afd_core.errors import AFDPeerError
 from afd_core.failures import Fuse, PeerFailures
-from afd_core.links import AttentionLink, BlockLinks
+from afd_core.runtime.links import AttentionLink, BlockLinks
 from afd_core.metadata import AFDDPMetadata, ControlPayload
 from afd_core.wire import encode_step_frame
-from afd_core.world import World
+from afd_core.runtime.world import World
 from tests.unit.core.loopback import Fabric, LoopbackTransport
 
 TIMEOUT_S = 1.0

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from afd_core.connector import WireSpec  # noqa: E402
-from afd_core.expert.messages import (  # noqa: E402
+from afd_core.runtime.expert.messages import (  # noqa: E402
     HeaderedBuffer,
     read_header,
     reply_bytes,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from afd_core.errors import AFDConfigError
-from afd_core.expert.placement import ExpertPlacement
+from afd_core.placement import ExpertPlacement
 
 
 @pytest.mark.parametrize(

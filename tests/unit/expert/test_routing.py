@@ -13,8 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from afd_core.errors import AFDProtocolError  # noqa: E402
-from afd_core.expert.placement import ExpertPlacement  # noqa: E402
-from afd_core.expert.routing import combine, localize, rows_per_rank  # noqa: E402
+from afd_core.placement import ExpertPlacement  # noqa: E402
+from afd_core.runtime.expert.routing import combine, localize, rows_per_rank  # noqa: E402
 
 E, K, H, T = 8, 2, 16, 40
 

@@ -1,4 +1,4 @@
-"""afd_core.roles: role ranks from vLLM's parallel config, wire specs, connector building."""
+"""afd_core.workers.setup: role ranks from vLLM's parallel config, wire specs, connector building."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import MappingProxyType, SimpleNamespace
 
 import pytest
 
-from afd_core import roles
+from afd_core.workers import setup as roles
 from afd_core.connector import WireSpec
 from afd_core.errors import AFDConfigError
 from afd_core.registry import AFDRegistry

@@ -4,7 +4,7 @@ Shared by every attention worker (CPU and CUDA): a worker calls
 :meth:`AttentionSession.open` right after its model is loaded and
 :meth:`AttentionSession.close` when it shuts down. When the connector's peer watch finds
 an FFN rank gone (crashed, killed, silent, or stopped), the session ends the worker
-process (:func:`afd_core.worker_exit.exit_worker_process`): an attention rank cannot
+process (:func:`afd_core.workers.process_exit.exit_worker_process`): an attention rank cannot
 serve without its FFN ranks, and vLLM stops the deployment when a worker exits.
 """
 
@@ -17,8 +17,8 @@ from afd_attention.step_driver import StepDriver
 from afd_core.config import afd_config_from_vllm
 from afd_core.connector import Connector
 from afd_core.errors import AFDConfigError, AFDPeerError
-from afd_core.roles import build_connector, model_wire_spec, resolve_role_rank
-from afd_core.worker_exit import exit_worker_process
+from afd_core.workers.setup import build_connector, model_wire_spec, resolve_role_rank
+from afd_core.workers.process_exit import exit_worker_process
 
 # A child of vLLM's logger, so vLLM's logging config (handler, level, format) applies.
 logger = logging.getLogger(f"vllm.{__name__}")

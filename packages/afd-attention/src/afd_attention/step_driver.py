@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 from afd_core.connector import Connector, ExpertRouting, WireSpec
 from afd_core.errors import AFDProtocolError
 from afd_core.metadata import AFDDPMetadata, AFDStepMetadata, ControlPayload
-from afd_core.profiling import ATTENTION_BEGIN, ATTENTION_SEND, ATTENTION_WAIT, afd_range
+from afd_core.workers.profiling import ATTENTION_BEGIN, ATTENTION_SEND, ATTENTION_WAIT, afd_range
 
 #: Key of the step metadata in ``ForwardContext.additional_kwargs``.
 METADATA_KEY = "afd_metadata"

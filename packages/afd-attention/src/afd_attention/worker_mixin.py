@@ -12,7 +12,7 @@ Mix :class:`AttentionWorkerMixin` in front of a vLLM worker class (``CPUWorker``
 * ``afd_stats`` (through ``collective_rpc``) reports the steps done and the connector
   endpoint's counters (for example the rows an expert-routed rank sent per FFN rank);
 * ``profile`` (vLLM's ``/start_profile`` and ``/stop_profile``) is vLLM's, with traces
-  named ``afd-attention<rank>...`` and the AFD ranges of :mod:`afd_core.profiling`
+  named ``afd-attention<rank>...`` and the AFD ranges of :mod:`afd_core.workers.profiling`
   switched on while a profile runs.
 """
 
@@ -21,9 +21,9 @@ from __future__ import annotations
 from typing import Any
 
 from afd_attention.session import AttentionSession
-from afd_core import liveness
+from afd_core.runtime import liveness
 from afd_core.errors import AFDError
-from afd_core.profiling import set_ranges_enabled, trace_prefix
+from afd_core.workers.profiling import set_ranges_enabled, trace_prefix
 
 
 class AttentionWorkerMixin:

@@ -1,14 +1,14 @@
 """``DeepEPM2NAFDConnector``: expert-routed M:N exchange (M attention ranks, N FFN ranks).
 
 The routed experts are split over the FFN ranks in contiguous blocks
-(:mod:`afd_core.expert.placement`); each FFN rank builds and loads only its block. The
+(:mod:`afd_core.placement`); each FFN rank builds and loads only its block. The
 attention rank runs the gate and the router (``compute_gate_on_attention`` is required)
 and sends each token to every FFN rank that holds one of its top-k experts, once per such
 rank, with the routing; each FFN rank computes only its experts and sends back its
 partial result per token; the attention rank adds them up. Any M and N (N > M too).
 
 Composed of public parts (docs/design.md): afd-core's rendezvous, gloo control channel,
-step relay and expert-routed endpoints (:func:`afd_core.expert.open_expert`), over a data
+step relay and expert-routed endpoints (:func:`afd_core.runtime.expert.open_expert`), over a data
 transport chosen by ``connector_extra_config.transport``: ``"nccl"``
 (:class:`~afd_connectors_gpu.nccl_transport.NcclTransport`, CUDA tensors), ``"gloo"``
 (host memory, any platform) or ``"auto"`` (the default: NCCL when this process has CUDA,
@@ -31,12 +31,12 @@ from typing import TYPE_CHECKING, Any, Literal
 from afd_connectors_gpu.nccl_transport import NcclTransport
 from afd_core.connector import Connector, ConnectorParts, WireSpec
 from afd_core.errors import AFDConfigError
-from afd_core.expert import open_expert, open_expert_links
-from afd_core.expert.messages import check_packable
-from afd_core.rendezvous import Session
+from afd_core.runtime.expert import open_expert, open_expert_links
+from afd_core.runtime.expert.messages import check_packable
+from afd_core.runtime.rendezvous import Session
 from afd_core.transport import Transport
-from afd_core.transport.gloo import GlooTransport
-from afd_core.world import gloo_data_transport
+from afd_core.runtime.gloo import GlooTransport
+from afd_core.runtime.world import gloo_data_transport
 
 if TYPE_CHECKING:
     from afd_core.config import AFDConfig
@@ -95,7 +95,7 @@ class DeepEPM2NAFDConnector(Connector):
         """Rendezvous, gloo control, data transport, expert-routed endpoint: over NCCL in
         one world of every rank; over gloo on a link of its own per (attention rank, FFN
         rank) pair, so that an attention server can be replaced while the FFN ranks serve
-        the others (:func:`afd_core.expert.open_expert_links`)."""
+        the others (:func:`afd_core.runtime.expert.open_expert_links`)."""
         if self._uses_nccl():
             peers = self.topology.peers_of(self.config.role, self.role_rank)
 

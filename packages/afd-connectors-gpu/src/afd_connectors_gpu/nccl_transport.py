@@ -39,7 +39,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, ClassVar
 
 from afd_core.errors import AFDConfigError, AFDPeerError
-from afd_core.rendezvous import Session
+from afd_core.runtime.rendezvous import Session
 from afd_core.transport import Transfer, TransferFailed, Transport
 
 if TYPE_CHECKING:

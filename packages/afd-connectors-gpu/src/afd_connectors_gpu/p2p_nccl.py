@@ -1,7 +1,7 @@
 """``P2pNcclAFDConnector``: afd-core's P2P endpoints with the data plane on NCCL (CUDA tensors).
 
 Composed of public parts (docs/design.md): afd-core's rendezvous, gloo control channel and
-P2P endpoints (:func:`afd_core.p2p.open_p2p`), this package's
+P2P endpoints (:func:`afd_core.runtime.p2p.open_p2p`), this package's
 :class:`~afd_connectors_gpu.nccl_transport.NcclTransport` as the data transport and
 :class:`~afd_connectors_gpu.replay_watch.CudaReplayGuard` for CUDA graph steps.
 
@@ -25,11 +25,11 @@ from afd_connectors_gpu.replay_watch import CudaReplayGuard
 from afd_core.coercion import to_bool
 from afd_core.connector import Connector, ConnectorParts
 from afd_core.errors import AFDConfigError
-from afd_core.p2p import open_p2p
-from afd_core.rendezvous import Session
+from afd_core.runtime.p2p import open_p2p
+from afd_core.runtime.rendezvous import Session
 from afd_core.transport import TransferFailed, Transport
-from afd_core.transport.gloo import GlooTransport
-from afd_core.world import World
+from afd_core.runtime.gloo import GlooTransport
+from afd_core.runtime.world import World
 
 
 @dataclass(frozen=True)

@@ -142,7 +142,7 @@ class ExpertRouting:
     ids, int32, and the weights float32, as vLLM's router returns them. In an
     :class:`FFNLayerBatch` the ids are the FFN rank's *local* expert ids (0-based within
     its block) and a slot whose expert lives elsewhere has weight 0 and the id of an
-    expert this rank owns (see :mod:`afd_core.expert.placement`).
+    expert this rank owns (see :mod:`afd_core.placement`).
     """
 
     topk_ids: torch.Tensor
@@ -324,7 +324,7 @@ class Connector(ABC):
     def replaces_attention_ranks(self) -> bool:
         """True when an attention rank that leaves can be replaced by a new server while
         the FFN ranks keep serving the others (the FFN role then never starts a new
-        rendezvous; see afd_core.links). False (this default): the FFN rank fails
+        rendezvous; see afd_core.runtime.links). False (this default): the FFN rank fails
         when an attention rank leaves, and the FFN role starts a new rendezvous for all
         of them."""
         return False

@@ -9,7 +9,7 @@ store). The connector's exchange pattern decides who exchanges with whom:
   sends its own per-step control payload to the FFN rank that serves it, so each FFN
   rank learns the token counts of exactly the attention ranks in its block.
 * ``"expert"`` (expert-routed M:N): routed experts are split over the FFN ranks
-  (:mod:`afd_core.expert.placement`) and every attention rank exchanges with every FFN
+  (:mod:`afd_core.placement`) and every attention rank exchanges with every FFN
   rank; any ``A`` and ``F``. Attention ranks send their control payloads to FFN rank 0,
   which forwards each step to the other FFN ranks.
 

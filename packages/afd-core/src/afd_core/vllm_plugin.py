@@ -16,7 +16,7 @@ from typing import Any
 
 from afd_core.config import AFDConfig, afd_config_from_vllm
 from afd_core.errors import AFDConfigError, AFDInstallError
-from afd_core.frontend import become_frontend, watch_frontend
+from afd_core.workers.frontend import become_frontend, watch_frontend
 from afd_core.platform import current_platform_name
 from afd_core.plugins import AFDPluginManager, get_plugin_manager
 from afd_core.registry import AFDRegistry, get_registry
@@ -33,7 +33,7 @@ def register() -> None:
 
     In a process started by an AFD server's frontend (its engine and workers) it also
     starts the watch that ends the process when the frontend is gone
-    (:func:`afd_core.frontend.watch_frontend`).
+    (:func:`afd_core.workers.frontend.watch_frontend`).
 
     Raises AFDInstallError for an unsupported vLLM version, a broken plugin, or a vLLM
     platform whose config hook cannot be wrapped.
@@ -180,7 +180,7 @@ def afd_check_and_update_config(original: Callable[[Any], None], vllm_config: An
 
     Runs in the process that builds the vLLM config (the API server, or the process of an
     offline ``LLM``): that process becomes the AFD server's frontend
-    (:func:`afd_core.frontend.become_frontend`) and, for the FFN role, refuses requests
+    (:func:`afd_core.workers.frontend.become_frontend`) and, for the FFN role, refuses requests
     (:func:`install_request_refusal`). Raises AFDConfigError for an invalid AFD config or
     worker_cls, AFDInstallError when the role's package is missing.
     """

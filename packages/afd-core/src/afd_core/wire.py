@@ -85,7 +85,7 @@ def encode_step_frame(
     num_attention_ranks: int,
 ) -> bytes:
     """One step's payloads as FFN rank 0 forwards them: a count, then per payload the
-    seat generation of the server that sent it (:mod:`afd_core.seats`; 0 in a world
+    seat generation of the server that sent it (:mod:`afd_core.runtime.seats`; 0 in a world
     whose attention ranks are never replaced) and its control frame, zero padding to
     :func:`step_frame_bytes`."""
     if len(generations) != len(payloads):

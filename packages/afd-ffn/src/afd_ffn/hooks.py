@@ -7,7 +7,7 @@ from typing import Any
 from afd_core.config import AFDConfig
 from afd_core.errors import AFDConfigError
 from afd_core.hookspecs import hookimpl
-from afd_core.roles import check_parallel_layout
+from afd_core.workers.setup import check_parallel_layout
 from afd_core.specs import WorkerSpec
 
 

@@ -30,8 +30,8 @@ import torch
 from vllm.config import ProfilerConfig
 from vllm.profiler.wrapper import WorkerProfiler
 
-from afd_core import liveness
-from afd_core.profiling import set_ranges_enabled
+from afd_core.runtime import liveness
+from afd_core.workers.profiling import set_ranges_enabled
 
 
 class FFNTorchProfiler(WorkerProfiler):

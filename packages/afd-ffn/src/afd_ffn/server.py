@@ -24,7 +24,7 @@ vLLM's RPCs, and the FFN worker refuses ``execute_model``).
 
 When an attention rank leaves or is lost, a connector that replaces attention ranks
 (``Connector.replaces_attention_ranks``: the gloo connectors, see
-:mod:`afd_core.links`) lets that rank's link go by itself, keeps serving the others
+:mod:`afd_core.runtime.links`) lets that rank's link go by itself, keeps serving the others
 and takes in the server that replaces it; it fails only when no attention rank was
 linked for ``ffn_idle_limit_s``. With any other connector the attention ranks' leaving
 ends the loop (an ``AFDPeerError`` while serving: a goodbye, a closed or silent heartbeat
@@ -38,7 +38,7 @@ Any other error, a first rendezvous that fails, or an idle limit that passes end
 loop for good: it is logged with its reason, kept for ``check_health``, the connector is
 closed (so the peers see the FFN rank go instead of waiting for it) and ``on_failure``
 runs; in a vLLM worker that ends the process
-(:func:`afd_core.worker_exit.exit_worker_process`), so vLLM shuts the FFN deployment
+(:func:`afd_core.workers.process_exit.exit_worker_process`), so vLLM shuts the FFN deployment
 down and its API server exits with status 1.
 
 Platform independent: vLLM and torch are imported only by :func:`vllm_compute_context`
@@ -58,7 +58,7 @@ from typing import Any
 from afd_core.config import afd_config_from_vllm
 from afd_core.connector import Connector, ExpertRouting, FFNStep
 from afd_core.errors import AFDConfigError, AFDPeerError, AFDProtocolError, AFDShutdown
-from afd_core.profiling import (
+from afd_core.workers.profiling import (
     FFN_COMPUTE,
     FFN_RECV,
     FFN_SEND,
@@ -66,8 +66,8 @@ from afd_core.profiling import (
     FFN_WAIT_STEP,
     afd_range,
 )
-from afd_core.roles import build_connector, model_wire_spec, resolve_role_rank
-from afd_core.worker_exit import exit_worker_process
+from afd_core.workers.setup import build_connector, model_wire_spec, resolve_role_rank
+from afd_core.workers.process_exit import exit_worker_process
 from afd_ffn.graphs import FFNStepGraphs
 from afd_ffn.stats import FFNStats
 from afd_models.roles import FFNModel
@@ -102,7 +102,7 @@ class FFNServer:
     rendezvous after the attention ranks left; with None (or ``idle_limit_s`` 0) their
     leaving is a failure. ``on_step`` runs on the server thread after every step served
     (the worker's profiler counts its iterations there). The loop is annotated with the
-    ranges of :mod:`afd_core.profiling` while a profile runs.
+    ranges of :mod:`afd_core.workers.profiling` while a profile runs.
     """
 
     def __init__(

@@ -28,7 +28,7 @@ from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.worker.worker_base import CompilationTimes
 
 from afd_core.errors import AFDError
-from afd_core.profiling import trace_prefix
+from afd_core.workers.profiling import trace_prefix
 from afd_ffn.profiler import FFNTorchProfiler
 from afd_ffn.server import FFNServer, open_ffn_server
 

@@ -33,7 +33,7 @@ from vllm.model_executor.models.utils import extract_layer_index, maybe_prefix
 
 from afd_core.config import AFDConfig
 from afd_core.connector import WireSpec
-from afd_core.expert.placement import ExpertPlacement
+from afd_core.placement import ExpertPlacement
 from afd_models.layers import (
     DenseExchangeMLP,
     ExchangeMLP,

@@ -21,7 +21,7 @@ from vllm.model_executor.models.utils import AutoWeightsLoader
 
 from afd_core.config import AFDConfig
 from afd_core.connector import ExpertRouting, WireSpec
-from afd_core.expert.placement import ExpertPlacement
+from afd_core.placement import ExpertPlacement
 from afd_models.layers import FFNStack
 from afd_models.roles import FFN_NOT_SCHEDULED
 from afd_models.routed import LocalExperts, compute_local_experts

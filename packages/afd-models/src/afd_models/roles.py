@@ -184,7 +184,7 @@ def ffn_role_rank(vllm_config: Any, afd: AFDConfig) -> int:
     """This FFN worker's rank (as its worker will resolve it), while its model is built."""
     from vllm.distributed import get_tensor_model_parallel_rank
 
-    from afd_core.roles import resolve_role_rank
+    from afd_core.workers.setup import resolve_role_rank
 
     return resolve_role_rank(afd, vllm_config.parallel_config, get_tensor_model_parallel_rank())
 

@@ -16,7 +16,7 @@ Rules, for a name ``...layers.N.mlp.<rest>`` (the MLP or MoE block of decoder la
 
 Every other name (embeddings, attention, norms, final norm, ``lm_head``, ...) -> attention.
 
-With an expert-routed connector (a :class:`~afd_core.expert.placement.ExpertPlacement`
+With an expert-routed connector (a :class:`~afd_core.placement.ExpertPlacement`
 given) the split is different: ``mlp.experts.<E>.*`` (routed expert ``E``) -> the FFN
 rank holding ``E``, which loads it renamed to its local id ``E - first`` of its block;
 every other name, the gate, routing bias, shared experts and dense MLPs included ->
@@ -29,7 +29,7 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import TypeVar
 
-from afd_core.expert.placement import ExpertPlacement
+from afd_core.placement import ExpertPlacement
 from afd_core.topology import ROLES, Role
 
 T = TypeVar("T")

@@ -24,7 +24,7 @@ from typing import Any
 from afd_core.coercion import show
 from afd_core.config import AFDConfig, parse_afd_config
 from afd_core.errors import AFDError
-from afd_core.expert.placement import ExpertPlacement
+from afd_core.placement import ExpertPlacement
 
 #: ``config.json`` keys that hold the number of routed experts (Qwen3-MoE, DeepSeek).
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")

@@ -4,8 +4,8 @@
   (P2P over gloo, CPU tensors).
 
 The parts live in their own packages: :mod:`afd_core.transport` (the transport contract
-and gloo), :mod:`afd_core.control` (the per-step control channel), :mod:`afd_core.p2p`
-and :mod:`afd_core.expert` (the role endpoints), :mod:`afd_core.world` (rendezvous and
+and gloo), :mod:`afd_core.runtime.control` (the per-step control channel), :mod:`afd_core.runtime.p2p`
+and :mod:`afd_core.runtime.expert` (the role endpoints), :mod:`afd_core.runtime.world` (rendezvous and
 transports). Importing this package imports neither torch nor a connector module: the
 registry loads connectors lazily by ``"module:Class"``.
 """

@@ -25,7 +25,7 @@ from typing import Any
 
 from afd_core.config import parse_afd_config
 from afd_core.launch.server import DEFAULT_STOP_GRACE_S, ServerError, ServerSpec, VllmServer
-from afd_core.store_gate import SECRET_ENV
+from afd_core.runtime.store_gate import SECRET_ENV
 from afd_core.topology import Role
 
 DEFAULT_CONNECTOR = "P2pGlooAFDConnector"
@@ -45,7 +45,7 @@ class DeploymentSpec:
     servers of that role only (e.g. ``CUDA_VISIBLE_DEVICES`` to put each role on its own
     GPU). ``afd_process_group_timeout_s`` and ``connector_extra_config``: the AFD config
     keys of those names (None / empty: their defaults). ``rendezvous_secret`` goes into
-    every server's environment as ``AFD_RENDEZVOUS_SECRET`` (:mod:`afd_core.store_gate`):
+    every server's environment as ``AFD_RENDEZVOUS_SECRET`` (:mod:`afd_core.runtime.store_gate`):
     by default a new random one per spec, so no process outside the deployment can use
     its rendezvous store; ``""`` launches without one. It is left out of the repr.
     """

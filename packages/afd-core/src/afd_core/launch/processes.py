@@ -19,7 +19,7 @@ import signal
 import time
 from pathlib import Path
 
-from afd_core.procfs import read_stat
+from afd_core.workers.procfs import read_stat
 
 _PROC = Path("/proc")
 _started_sessions: set[int] = set()

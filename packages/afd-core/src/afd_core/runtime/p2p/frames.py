@@ -21,7 +21,7 @@ Layout of a frame (offsets from its start; docs/wire-protocol.md section 3):
   to a multiple of 64, so that every part of a frame can be viewed as a tensor.
 
 A device transport (NCCL) keeps the header as a message of its own
-(:mod:`afd_core.p2p.headers`): there a copy into a frame would be a device copy per
+(:mod:`afd_core.runtime.p2p.headers`): there a copy into a frame would be a device copy per
 message, and the header check runs once per step on the device anyway.
 """
 

@@ -2,7 +2,7 @@
 
 FFN rank 0 hosts a ``torch.distributed.TCPStore`` at ``config.host:config.port`` (bound
 to that address only, see :func:`bind_listener`; behind a secret handshake when the
-deployment has a secret, see :mod:`afd_core.store_gate`) and writes a random session
+deployment has a secret, see :mod:`afd_core.runtime.store_gate`) and writes a random session
 id; every other rank connects as a client (retrying until
 ``afd_process_group_timeout_s``, so the roles can start in either order) and reads it.
 All keys live under ``afd/<session>/`` so a new deployment never reads the records of an
@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from afd_core import seats
+from afd_core.runtime import seats
 from afd_core.errors import (
     AFDConfigError,
     AFDError,
@@ -41,7 +41,7 @@ from afd_core.errors import (
     AFDShutdown,
 )
 from afd_core.metadata import ControlPayload, TransferHeader
-from afd_core.store_gate import SECRET_ENV, StoreGate, StoreTunnel, announces_gate
+from afd_core.runtime.store_gate import SECRET_ENV, StoreGate, StoreTunnel, announces_gate
 from afd_core.topology import Role, Topology
 
 if TYPE_CHECKING:
@@ -161,7 +161,7 @@ class Session:
 
     def link(self, attention_rank: int, ffn_rank: int, generation: int) -> Session:
         """The namespace of the link of its own between an attention rank and an FFN rank
-        (generation ``generation`` of the attention rank's seat, see :mod:`afd_core.seats`):
+        (generation ``generation`` of the attention rank's seat, see :mod:`afd_core.runtime.seats`):
         its keys live under ``afd/<session>/link/a<rank>/f<rank>/g<gen>/``. The store is
         this session's; closing the link's session closes nothing."""
         return self.group(f"link/a{attention_rank}/f{ffn_rank}/g{generation}")
@@ -196,7 +196,7 @@ def open_session(
     A client waits up to ``timeout_s`` for the master to listen and to publish the
     session id (AFDPeerError naming the address otherwise); ``should_stop`` is polled
     and makes the wait raise AFDShutdown. With a ``secret`` (the deployment's, see
-    :mod:`afd_core.store_gate`) the store is reached only through the secret handshake;
+    :mod:`afd_core.runtime.store_gate`) the store is reached only through the secret handshake;
     a client whose secret the gate refuses raises AFDPeerError saying so.
     """
     import torch.distributed as dist
@@ -263,7 +263,7 @@ def _secret_required(host: str, port: int) -> AFDPeerError:
 
 def _host_session(host: str, port: int, timeout: timedelta, secret: bytes | None) -> Session:
     """FFN rank 0: the store on ``host:port``, or, with a secret, on a loopback port
-    behind a :class:`~afd_core.store_gate.StoreGate` on ``host:port``."""
+    behind a :class:`~afd_core.runtime.store_gate.StoreGate` on ``host:port``."""
     import torch.distributed as dist
 
     address = f"{host}:{port}"
@@ -377,7 +377,7 @@ def exchange_hello(
     then raises AFDProtocolError naming that rank.
 
     With ``seated`` (connectors that let an attention rank be replaced, see
-    :mod:`afd_core.seats`) an attention rank that joins a running world as a rank whose
+    :mod:`afd_core.runtime.seats`) an attention rank that joins a running world as a rank whose
     seat was held is a replacement: it waits for the seat to be vacated, compares its
     record with everyone's and fails alone (no abort record: the deployment keeps
     serving) on a difference or when the seat stays held. Returns the generation of the

@@ -1,7 +1,7 @@
 """Attention seats: which server holds an attention rank of a running world, and its successor.
 
 Connectors whose FFN rank gives every attention rank a link of its own (the P2P block
-exchange over gloo, :mod:`afd_core.links`) let an attention rank leave and a new
+exchange over gloo, :mod:`afd_core.runtime.links`) let an attention rank leave and a new
 server take its place, while the FFN rank keeps serving the others. The session store
 records each attention rank's *seat* under ``afd/<session>/``:
 
@@ -17,7 +17,7 @@ A join is *the first* (generation 0, part of the world's start), *a replacement*
 (generation ``g`` once ``g`` generations were vacated: the FFN rank then opens the link
 of generation ``g``), or *a duplicate*: a second server for a rank whose seat is held.
 A duplicate at start-up aborts the rendezvous for everyone, naming the rank (see
-:func:`afd_core.rendezvous.exchange_hello`); a duplicate of a seated rank waits
+:func:`afd_core.runtime.rendezvous.exchange_hello`); a duplicate of a seated rank waits
 :data:`VACANCY_WAIT_S` for the seat to be vacated (its predecessor may have just ended)
 and then fails alone, naming the rank, while the deployment keeps serving.
 
@@ -34,11 +34,11 @@ from typing import TYPE_CHECKING
 from afd_core.errors import AFDProtocolError, AFDShutdown
 
 if TYPE_CHECKING:
-    from afd_core.rendezvous import Session
+    from afd_core.runtime.rendezvous import Session
 
 #: Seconds a server that joined as an already seated attention rank waits for the seat
 #: to be vacated: the FFN rank notices a predecessor that ended within the liveness
-#: bound (afd_core.liveness.SILENCE_S) and lets its link go at its next step boundary.
+#: bound (afd_core.runtime.liveness.SILENCE_S) and lets its link go at its next step boundary.
 VACANCY_WAIT_S = 8.0
 #: The answer a claimant writes once its hello record matched everyone's.
 READY = "ready"

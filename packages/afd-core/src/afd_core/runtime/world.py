@@ -5,20 +5,20 @@ rank; :func:`open_link`: a world of two ranks per (attention rank, FFN rank) pai
 :func:`join_session`, for connectors whose attention servers can be replaced, plus
 :func:`open_ffn_group` where the FFN ranks talk among themselves):
 
-1. the rendezvous of :mod:`afd_core.rendezvous` (FFN rank 0 hosts the store; every rank
+1. the rendezvous of :mod:`afd_core.runtime.rendezvous` (FFN rank 0 hosts the store; every rank
    publishes and compares its hello record, so mismatched peers fail here, naming both
    views);
-2. the control transport: a :class:`~afd_core.transport.gloo.GlooTransport` on the
+2. the control transport: a :class:`~afd_core.runtime.gloo.GlooTransport` on the
    session's ``control/`` prefix (control frames live in host memory on every platform);
 3. the data transport, from the connector's :data:`DataTransportFactory` (the control
    group under a second tag for the gloo connectors, NCCL for afd-connectors-gpu);
-4. the :class:`~afd_core.liveness.PeerWatch`: a heartbeat link to every peer. A peer
+4. the :class:`~afd_core.runtime.liveness.PeerWatch`: a heartbeat link to every peer. A peer
    that crashed, was killed or went silent fails the connector (its fuse) at once and
    interrupts both transports; a peer that closed its connector (said goodbye) fails it
    at the next step boundary (``Fuse.depart``), so steps in flight with other peers
    finish, and wakes the waits at a step boundary (:attr:`World.boundary_waiters`).
    (On a link the caller decides instead: an FFN rank may let the link go, see
-   :mod:`afd_core.links`.) Either way the connector's ``on_peer_lost`` runs next:
+   :mod:`afd_core.runtime.links`.) Either way the connector's ``on_peer_lost`` runs next:
    the role worker ends itself (a wait with no deadline, such as an expert-routed
    follower FFN rank waiting for its leader's next step, ends when the worker closes the
    connector).
@@ -34,11 +34,11 @@ from typing import TYPE_CHECKING
 
 from afd_core.errors import AFDPeerError, AFDShutdown
 from afd_core.failures import PeerFailures
-from afd_core.liveness import PeerWatch
-from afd_core.rendezvous import Hello, Session, exchange_hello, open_session
-from afd_core.store_gate import rendezvous_secret
+from afd_core.runtime.liveness import PeerWatch
+from afd_core.runtime.rendezvous import Hello, Session, exchange_hello, open_session
+from afd_core.runtime.store_gate import rendezvous_secret
 from afd_core.transport import Transport
-from afd_core.transport.gloo import TAG_DATA, GlooTransport
+from afd_core.runtime.gloo import TAG_DATA, GlooTransport
 
 if TYPE_CHECKING:
     from afd_core.connector import Connector
@@ -104,7 +104,7 @@ def join_session(connector: Connector, seated: bool = False) -> tuple[Session, i
     """Open (FFN rank 0: host) the rendezvous session and exchange hello records.
 
     Returns the session and the generation of the seat this rank took (``seated``: see
-    :func:`~afd_core.rendezvous.exchange_hello`; 0 otherwise). Bounded by
+    :func:`~afd_core.runtime.rendezvous.exchange_hello`; 0 otherwise). Bounded by
     ``afd_process_group_timeout_s``; ``connector.close()`` meanwhile makes it raise
     AFDShutdown. Raises what the rendezvous raises; the session is closed again then.
     """
@@ -176,7 +176,7 @@ def open_link(
 
     A world of two ranks (the FFN rank is rank 0, the attention rank rank 1) in the
     session's namespace for this pair and seat ``generation``
-    (:meth:`~afd_core.rendezvous.Session.link`): its own gloo control group, data
+    (:meth:`~afd_core.runtime.rendezvous.Session.link`): its own gloo control group, data
     transport and liveness connection, so that losing it leaves every other link of
     either rank untouched. ``owns_session``: releasing the link also closes ``session``
     (on the attention side, for the link released last). Bounded by the AFD timeout;
@@ -203,7 +203,7 @@ def open_ffn_group(connector: Connector, session: Session) -> World:
     """The FFN ranks' own world (every FFN rank, none of the attention ranks), in the
     session's ``ffn/`` namespace: its ranks are the FFN role ranks (which are also their
     world ranks). Expert-routed connectors on links relay steps over its control
-    transport (:mod:`afd_core.control.relay`; its data transport is that gloo group
+    transport (:mod:`afd_core.runtime.control.relay`; its data transport is that gloo group
     under the data tag, whatever the connector's data plane). Losing an FFN rank fails
     the connector, as in a world of every rank. Bounded by the AFD timeout; closes what
     it opened when it raises.

@@ -1,12 +1,12 @@
 """``P2pFFNEndpoint``: the FFN side of the P2P exchange, over any transport.
 
 An FFN rank serves a contiguous block of attention ranks (:mod:`afd_core.topology`). It
-takes each step from its :class:`~afd_core.control.channel.ControlInbox`; per layer and
+takes each step from its :class:`~afd_core.runtime.control.channel.ControlInbox`; per layer and
 stage it receives every taking-part rank's message, computes once on all their rows and
 sends each rank its rows of the output:
 
 * on a host-memory transport (gloo) a message of up to 1 MiB is one frame
-  (:mod:`afd_core.p2p.frames`). With one rank in the step the batch's tensors are views
+  (:mod:`afd_core.runtime.p2p.frames`). With one rank in the step the batch's tensors are views
   of that rank's frame (no copy); with several, each frame's rows are copied into their
   place in the stage's input tensors. Each rank's output rows are copied into its reply
   frame behind the header;
@@ -15,7 +15,7 @@ sends each rank its rows of the output:
   sent from slices of the output tensor itself (no copy).
 
 Per step the endpoint lays out a :class:`_StepPlan` once: each rank's rows, its headers
-(written for the whole step, see :mod:`afd_core.p2p.headers`), its frames and the stage's
+(written for the whole step, see :mod:`afd_core.runtime.p2p.headers`), its frames and the stage's
 input tensors; buffers are reused from step to step while the shapes fit.
 """
 
@@ -26,13 +26,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from afd_core.connector import FFNEndpoint, FFNLayerBatch, FFNStep
-from afd_core.control.channel import ControlInbox
-from afd_core.endpoint_context import EndpointContext
+from afd_core.runtime.control.channel import ControlInbox
+from afd_core.runtime.endpoint_context import EndpointContext
 from afd_core.errors import AFDError, AFDProtocolError
 from afd_core.failures import guarded, guarded_until_closed, layer_of_step
-from afd_core.graphs import ReplayGuard
-from afd_core.p2p.frames import FrameBuffer, FrameLayout, HeldFrame, memmove, uses_frames
-from afd_core.p2p.headers import IncomingHeaders, OutgoingHeaders
+from afd_core.replay_guard import ReplayGuard
+from afd_core.runtime.p2p.frames import FrameBuffer, FrameLayout, HeldFrame, memmove, uses_frames
+from afd_core.runtime.p2p.headers import IncomingHeaders, OutgoingHeaders
 from afd_core.transport import Lane, Transfer, TransferFailed
 from afd_core.wire import HEADER_BYTES, HeaderCodec
 
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from afd_core.links import AttentionLink, BlockLinks
+    from afd_core.runtime.links import AttentionLink, BlockLinks
 
 
 @dataclass(slots=True)
@@ -105,7 +105,7 @@ class P2pFFNEndpoint(FFNEndpoint):
 
     ``links`` are the FFN rank's links to the attention ranks of its block (their data
     transports carry the layers; a lost replaceable link drops out of the step in
-    flight, see :mod:`afd_core.links`); ``replays`` bounds the FFN rank's own graph
+    flight, see :mod:`afd_core.runtime.links`); ``replays`` bounds the FFN rank's own graph
     replays (None: no graph steps).
     """
 

@@ -3,7 +3,7 @@
 A :class:`Transport` is one channel of an AFD world (a process group of its own): every
 rank of the world holds one, identified by its world rank (FFN ranks first, see
 :mod:`afd_core.topology`). It knows nothing of layers, steps or headers; the role
-endpoints (:mod:`afd_core.p2p`, :mod:`afd_core.expert`) build their wire protocol on
+endpoints (:mod:`afd_core.runtime.p2p`, :mod:`afd_core.runtime.expert`) build their wire protocol on
 these operations:
 
 * :meth:`Transport.post_send` / :meth:`Transport.post_recv` start moving one contiguous
@@ -31,7 +31,7 @@ endpoint turns it into an :class:`~afd_core.errors.AFDPeerError` (or
 
 A transport states in its module docstring the facts of its library that shape it (what
 its library reports when a peer closes, in which order a pair's operations run).
-afd-core implements the contract over gloo (:mod:`afd_core.transport.gloo`);
+afd-core implements the contract over gloo (:mod:`afd_core.runtime.gloo`);
 afd-connectors-gpu over NCCL. Importing this module imports no torch.
 """
 

@@ -11,7 +11,7 @@ and forwards it, as one fixed-size step frame, to every other FFN rank (the
 same sequence of steps (:class:`FollowingRelay`).
 
 A step frame names, per payload, the seat generation of the server that sent it
-(:mod:`afd_core.seats`), so a follower knows which of its links the rows of that rank
+(:mod:`afd_core.runtime.seats`), so a follower knows which of its links the rows of that rank
 travel on: its link of that generation; none, when it has already linked a later one
 (the step's server has left, so its rows are empty here); and when it has not linked
 that generation yet (a replacement whose link its acceptor is still opening), it waits
@@ -20,7 +20,7 @@ for it, bounded by the AFD timeout.
 The leader's wait for payloads and a follower's wait for step frames have no deadline
 (an idle attention role is normal) and end when the connector closes; forwarding a step
 is bounded by the AFD timeout. Links added or lost reach both relays at step
-boundaries only (:meth:`~afd_core.links.BlockLinks.settle`).
+boundaries only (:meth:`~afd_core.runtime.links.BlockLinks.settle`).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from afd_core.control.assembler import StepAssembler
-from afd_core.control.channel import ControlInbox, host_frame
+from afd_core.runtime.control.assembler import StepAssembler
+from afd_core.runtime.control.channel import ControlInbox, host_frame
 from afd_core.errors import AFDError, AFDPeerError, AFDProtocolError
 from afd_core.failures import Fuse, PeerFailures, guarded_until_closed
 from afd_core.transport import TransferFailed, Transport
@@ -41,7 +41,7 @@ from afd_core.wire import decode_step_frame, encode_step_frame, step_frame_bytes
 
 if TYPE_CHECKING:
     from afd_core.connector import FFNStep
-    from afd_core.links import AttentionLink, BlockLinks
+    from afd_core.runtime.links import AttentionLink, BlockLinks
     from afd_core.metadata import ControlPayload
 
 #: FFN rank 0 leads; it is rank 0 of every group of FFN ranks (FFN ranks come first).

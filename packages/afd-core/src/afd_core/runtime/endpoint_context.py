@@ -1,6 +1,6 @@
 """What the role endpoints of one connector share, and the pairing rule of their calls.
 
-Every endpoint (:mod:`afd_core.p2p`, :mod:`afd_core.expert`) is built on the same few
+Every endpoint (:mod:`afd_core.runtime.p2p`, :mod:`afd_core.runtime.expert`) is built on the same few
 things from its connector and world: the wire spec, its role rank, the data transport,
 the connector's fuse, the way peers are named in errors, and the AFD timeout. They travel
 together as one :class:`EndpointContext`. :func:`active_step` and :func:`take_in_flight`
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from afd_core.connector import Connector, WireSpec
     from afd_core.failures import Fuse, PeerFailures
     from afd_core.transport import Transport
-    from afd_core.world import World
+    from afd_core.runtime.world import World
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from afd_core.control.assembler import StepAssembler
+from afd_core.runtime.control.assembler import StepAssembler
 from afd_core.errors import AFDError, AFDProtocolError
 from afd_core.failures import Fuse, PeerFailures, guarded, guarded_until_closed
 from afd_core.transport import TransferFailed, Transport
@@ -32,7 +32,7 @@ from afd_core.wire import CONTROL_FRAME_BYTES, decode_control_frame, encode_cont
 
 if TYPE_CHECKING:
     from afd_core.connector import FFNStep
-    from afd_core.links import AttentionLink, BlockLinks
+    from afd_core.runtime.links import AttentionLink, BlockLinks
     from afd_core.metadata import ControlPayload
 
 #: What an inbox thread waits for, in error messages.
@@ -97,7 +97,7 @@ class _Receiver:
 class ControlInbox:
     """FFN side: the control payloads of the attention ranks of ``links``.
 
-    Links added or lost while it runs (replaceable links, :mod:`afd_core.links`) are
+    Links added or lost while it runs (replaceable links, :mod:`afd_core.runtime.links`) are
     taken in by :meth:`next_step`, between steps: a lost link's receiver thread is ended
     and its queued payloads dropped, a new link gets a receiver thread and its step ids
     start afresh.

@@ -6,7 +6,7 @@ hidden states (and the router logits, when the layer carries them) and receives 
 result (docs/wire-protocol.md):
 
 * messages up to 1 MiB on a host-memory transport (gloo) as one frame each way
-  (:mod:`afd_core.p2p.frames`): the header and the tensors are copied into the stage's
+  (:mod:`afd_core.runtime.p2p.frames`): the header and the tensors are copied into the stage's
   send frame, and the reply lands in a frame whose rows become the caller's output (a
   new tensor per layer, no copy);
 * otherwise (larger messages, device transports such as NCCL) as a header message
@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from afd_core.connector import AttentionEndpoint, ExpertRouting
-from afd_core.control.channel import ControlSender
-from afd_core.endpoint_context import EndpointContext, active_step, take_in_flight
+from afd_core.runtime.control.channel import ControlSender
+from afd_core.runtime.endpoint_context import EndpointContext, active_step, take_in_flight
 from afd_core.errors import AFDError, AFDProtocolError
 from afd_core.failures import guarded, layer_of_step
-from afd_core.graphs import ReplayGuard
+from afd_core.replay_guard import ReplayGuard
 from afd_core.metadata import ControlPayload
-from afd_core.p2p.frames import (
+from afd_core.runtime.p2p.frames import (
     FrameBuffer,
     FrameLayout,
     HeldFrame,
@@ -41,7 +41,7 @@ from afd_core.p2p.frames import (
     memmove,
     uses_frames,
 )
-from afd_core.p2p.headers import IncomingHeaders, OutgoingHeaders
+from afd_core.runtime.p2p.headers import IncomingHeaders, OutgoingHeaders
 from afd_core.transport import Transfer, TransferFailed
 from afd_core.wire import HEADER_BYTES, HeaderCodec
 

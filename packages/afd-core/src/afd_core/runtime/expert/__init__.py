@@ -1,16 +1,16 @@
 """The expert-routed M:N exchange: routed experts split over the FFN ranks in blocks.
 
-* :mod:`~afd_core.expert.placement`: which FFN rank holds which experts (pure);
-* :mod:`~afd_core.expert.routing`: rows per FFN rank, local expert ids, the combine;
-* :mod:`~afd_core.expert.messages`: the packed body of an attention-to-FFN message;
-* :mod:`~afd_core.expert.attention` and :mod:`~afd_core.expert.ffn`: the endpoints.
+* :mod:`~afd_core.placement`: which FFN rank holds which experts (pure);
+* :mod:`~afd_core.runtime.expert.routing`: rows per FFN rank, local expert ids, the combine;
+* :mod:`~afd_core.runtime.expert.messages`: the packed body of an attention-to-FFN message;
+* :mod:`~afd_core.runtime.expert.attention` and :mod:`~afd_core.runtime.expert.ffn`: the endpoints.
 
 :func:`open_expert` (one world of every rank: the NCCL transport) and
 :func:`open_expert_links` (a link of its own per (attention rank, FFN rank) pair plus a
 group of the FFN ranks: gloo, so that an attention server can leave and be replaced
 while every FFN rank keeps serving the others) assemble a connector's parts: the control
 channel (attention ranks announce steps to FFN rank 0, whose
-:class:`~afd_core.control.relay.LeadingRelay` forwards them to the other FFN ranks) and
+:class:`~afd_core.runtime.control.relay.LeadingRelay` forwards them to the other FFN ranks) and
 the endpoints, over any data transport. This is the seam for other dispatch/combine
 backends: a DeepEP or NVSHMEM backend would provide its own endpoint pair with the same
 contract (afd-connectors-gpu's ``DeepEPM2NAFDConnector`` composes these point-to-point
@@ -22,17 +22,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from afd_core.connector import Connector, ConnectorParts
-from afd_core.control.channel import ControlInbox, ControlSender
-from afd_core.control.relay import LEADER_RANK, FollowingRelay, LeadingRelay
-from afd_core.endpoint_context import EndpointContext
+from afd_core.runtime.control.channel import ControlInbox, ControlSender
+from afd_core.runtime.control.relay import LEADER_RANK, FollowingRelay, LeadingRelay
+from afd_core.runtime.endpoint_context import EndpointContext
 from afd_core.errors import AFDPeerError
-from afd_core.expert.attention import ExpertAttentionEndpoint, FFNPeer
-from afd_core.expert.ffn import ExpertFFNEndpoint
-from afd_core.expert.messages import check_packable
-from afd_core.expert.placement import ExpertPlacement
-from afd_core.links import BlockLinks, LinkAcceptor, open_ffn_links, shared_links
-from afd_core.rendezvous import Session
-from afd_core.world import (
+from afd_core.runtime.expert.attention import ExpertAttentionEndpoint, FFNPeer
+from afd_core.runtime.expert.ffn import ExpertFFNEndpoint
+from afd_core.runtime.expert.messages import check_packable
+from afd_core.placement import ExpertPlacement
+from afd_core.runtime.links import BlockLinks, LinkAcceptor, open_ffn_links, shared_links
+from afd_core.runtime.rendezvous import Session
+from afd_core.runtime.world import (
     FFN_ON_LINK,
     DataTransportFactory,
     World,
@@ -92,11 +92,11 @@ def open_expert_links(connector: Connector, data: DataTransportFactory) -> Conne
     """Rendezvous and build ``connector``'s expert-routed parts on links of their own.
 
     Attention side: the rendezvous (a server may take the seat of an attention rank that
-    left, :mod:`afd_core.seats`), then its link with every FFN rank, in FFN rank order.
+    left, :mod:`afd_core.runtime.seats`), then its link with every FFN rank, in FFN rank order.
     FFN side: the rendezvous, the group of the FFN ranks, a link with every attention
     rank (in attention rank order: no two ranks wait for each other in a cycle), the
     relay and, when attention ranks may be replaced (``ffn_idle_limit_s`` > 0), the
-    :class:`~afd_core.links.LinkAcceptor`. FFN rank 0 keeps the seat records. Bounded
+    :class:`~afd_core.runtime.links.LinkAcceptor`. FFN rank 0 keeps the seat records. Bounded
     by the AFD timeout.
     """
     check_packable(connector.wire)

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from afd_core.errors import AFDPeerError
-from afd_core.rendezvous import Session
+from afd_core.runtime.rendezvous import Session
 
 #: Seconds between two heartbeats a rank sends each peer.
 HEARTBEAT_S = 0.5

@@ -7,7 +7,7 @@ direction. So the sender writes all of its headers when the step begins
 path only sends a row and, after the wait, compares 64 bytes.
 
 A host transport (gloo) compares each message's header as soon as it arrived, whether
-the header came inside the message's frame (:mod:`afd_core.p2p.frames`: the sender
+the header came inside the message's frame (:mod:`afd_core.runtime.p2p.frames`: the sender
 copies its row from :meth:`OutgoingHeaders.address`, the receiver checks with
 :meth:`IncomingHeaders.check_frame`) or as a message of its own. A device transport
 (NCCL) sends from and receives into device memory: the outgoing rows go to the device in

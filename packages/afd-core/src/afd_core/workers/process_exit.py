@@ -4,7 +4,7 @@ vLLM never polls a worker's ``check_health``; it does watch its worker processes
 one exits, the executor shuts the engine down and the API server exits. Both role
 workers use :func:`exit_worker_process` when their connector fails for good (the FFN
 server's loop ended with an error; a peer of an attention rank is gone); it records the
-failure for the frontend (:func:`afd_core.frontend.record_failure`), so the API server
+failure for the frontend (:func:`afd_core.workers.frontend.record_failure`), so the API server
 exits with a non-zero status. :func:`exit_process` is the same exit without a failure
 record (a process whose API server is gone).
 """
@@ -16,7 +16,7 @@ import os
 import signal
 import threading
 
-from afd_core.frontend import flush_logs, record_failure
+from afd_core.workers.frontend import flush_logs, record_failure
 
 # A child of vLLM's logger, so vLLM's logging config (handler, level, format) applies.
 logger = logging.getLogger(f"vllm.{__name__}")

@@ -12,10 +12,10 @@ all with the frontend's environment. Two things vLLM 0.32 does not do, this modu
   :func:`watch_frontend`, called by the AFD plugin in every vLLM process, starts a
   daemon thread in each descendant that waits on the frontend's pid (a Linux pidfd, or a
   1 s poll where pidfds are missing) and, once it is gone, ends its own process with
-  :func:`afd_core.worker_exit.exit_process` (SIGTERM to itself: vLLM's orderly exit,
+  :func:`afd_core.workers.process_exit.exit_process` (SIGTERM to itself: vLLM's orderly exit,
   which closes the connector, so the peers see a goodbye). Bound: the frontend's exit
   is seen at once (pidfd) or within :data:`POLL_INTERVAL_S`; the process then has
-  :data:`afd_core.worker_exit.EXIT_GRACE_S` to exit before it exits hard.
+  :data:`afd_core.workers.process_exit.EXIT_GRACE_S` to exit before it exits hard.
 * **An API server outlives its engine by seconds at most.** vLLM's API server, stopped
   (SIGTERM, Ctrl-C) while a response streams, shuts its engine down but keeps serving
   the open connection: the client gets neither an error nor the end of its stream, and
@@ -27,7 +27,7 @@ all with the frontend's environment. Two things vLLM 0.32 does not do, this modu
   a failure was recorded and 0 otherwise (what vLLM itself exits with after its engine
   died).
 * **A stop signal is not lost while the engine starts.** In an API server process
-  :func:`become_frontend` also installs :func:`afd_core.startup_signals.relay_startup_signals`:
+  :func:`become_frontend` also installs :func:`afd_core.workers.startup_signals.relay_startup_signals`:
   a SIGTERM that the kernel hands to a thread other than the main thread, while the
   main thread waits for the engine (and so for the AFD rendezvous), is passed on to it.
 * **A failure is a non-zero exit.** When an AFD worker ends itself because of a failure
@@ -51,8 +51,8 @@ import time
 from collections.abc import MutableMapping
 from pathlib import Path
 
-from afd_core.procfs import read_stat
-from afd_core.startup_signals import relay_startup_signals
+from afd_core.workers.procfs import read_stat
+from afd_core.workers.startup_signals import relay_startup_signals
 
 # A child of vLLM's logger, so vLLM's logging config (handler, level, format) applies.
 logger = logging.getLogger(f"vllm.{__name__}")
@@ -243,7 +243,7 @@ def _is_ancestor(pid: int) -> bool:
 
 def _wait_then_exit(frontend: int) -> None:
     wait_for_exit(frontend)
-    from afd_core.worker_exit import exit_process
+    from afd_core.workers.process_exit import exit_process
 
     exit_process(f"the API server process of this AFD server (pid {frontend}) is gone")
 

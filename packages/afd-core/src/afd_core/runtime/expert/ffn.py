@@ -1,16 +1,16 @@
 """``ExpertFFNEndpoint``: the FFN side of the expert-routed M:N exchange.
 
-An FFN rank holds one block of routed experts (:mod:`afd_core.expert.placement`) and
-takes its steps from a step relay (:mod:`afd_core.control.relay`: every FFN rank runs
+An FFN rank holds one block of routed experts (:mod:`afd_core.placement`) and
+takes its steps from a step relay (:mod:`afd_core.runtime.control.relay`: every FFN rank runs
 the same steps). Per MoE layer and stage it receives, from every attention rank of the
 step, a header whose ``num_tokens`` is the number of rows routed to it and, unless that
-is 0, a body with those rows (:mod:`afd_core.expert.messages`); it hands the FFN model
+is 0, a body with those rows (:mod:`afd_core.runtime.expert.messages`); it hands the FFN model
 the rows of all attention ranks concatenated with their routing in local expert ids
-(:func:`~afd_core.expert.routing.localize`), and sends every attention rank one reply
+(:func:`~afd_core.runtime.expert.routing.localize`), and sends every attention rank one reply
 frame: a header and the partial result of its rows
-(:func:`~afd_core.expert.messages.reply_bytes`).
+(:func:`~afd_core.runtime.expert.messages.reply_bytes`).
 
-Each attention rank's messages travel on its link (:mod:`afd_core.links`: one world
+Each attention rank's messages travel on its link (:mod:`afd_core.runtime.links`: one world
 shared by every rank, or a world of its own per pair on gloo). A lost replaceable link
 drops out of the layer in flight: its rows are empty on this FFN rank and it is sent
 nothing, while the other attention ranks of the step are served as usual.
@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from afd_core.connector import ExpertRouting, FFNEndpoint, FFNLayerBatch, FFNStep
-from afd_core.endpoint_context import EndpointContext
+from afd_core.runtime.endpoint_context import EndpointContext
 from afd_core.errors import AFDProtocolError
-from afd_core.expert.messages import (
+from afd_core.runtime.expert.messages import (
     HeaderedBuffers,
     body_bytes,
     read_header,
@@ -38,7 +38,7 @@ from afd_core.expert.messages import (
     reply_partial,
     unpack_body,
 )
-from afd_core.expert.routing import localize
+from afd_core.runtime.expert.routing import localize
 from afd_core.failures import guarded, guarded_until_closed, layer_of_step
 from afd_core.transport import Transfer, TransferFailed
 from afd_core.wire import HEADER_BYTES, HeaderCodec
@@ -46,8 +46,8 @@ from afd_core.wire import HEADER_BYTES, HeaderCodec
 if TYPE_CHECKING:
     import torch
 
-    from afd_core.control.relay import RelayedStep, StepSource
-    from afd_core.links import AttentionLink, BlockLinks
+    from afd_core.runtime.control.relay import RelayedStep, StepSource
+    from afd_core.runtime.links import AttentionLink, BlockLinks
 
 
 @dataclass(slots=True)
@@ -65,7 +65,7 @@ class _Source:
 @dataclass
 class ReceivedRows:
     """Rows this FFN rank received per layer since it started (every one of them has at
-    least one of its experts: :func:`~afd_core.expert.routing.localize` refuses others)."""
+    least one of its experts: :func:`~afd_core.runtime.expert.routing.localize` refuses others)."""
 
     rows: dict[int, int]
 

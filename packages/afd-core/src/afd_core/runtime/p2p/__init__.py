@@ -1,19 +1,19 @@
 """The P2P block exchange: each FFN rank serves a contiguous block of attention ranks.
 
-* :mod:`~afd_core.p2p.attention`: :class:`P2pAttentionEndpoint`;
-* :mod:`~afd_core.p2p.ffn`: :class:`P2pFFNEndpoint`;
-* :mod:`~afd_core.p2p.headers`: the per-step header rows both sides write and check;
-* :mod:`~afd_core.p2p.frames`: messages up to 1 MiB on host transports as one frame
+* :mod:`~afd_core.runtime.p2p.attention`: :class:`P2pAttentionEndpoint`;
+* :mod:`~afd_core.runtime.p2p.ffn`: :class:`P2pFFNEndpoint`;
+* :mod:`~afd_core.runtime.p2p.headers`: the per-step header rows both sides write and check;
+* :mod:`~afd_core.runtime.p2p.frames`: messages up to 1 MiB on host transports as one frame
   each, header and tensors together;
 * the FFN rank's links to its attention ranks, and servers that replace an attention
-  rank, live in :mod:`afd_core.links` (the expert-routed exchange uses them too).
+  rank, live in :mod:`afd_core.runtime.links` (the expert-routed exchange uses them too).
 
 Two ways to lay out a P2P connector's transports:
 
 * :func:`open_p2p`: one world of every rank (one control group, one data transport);
   ``P2pNcclAFDConnector`` (afd-connectors-gpu) uses it;
 * :func:`open_p2p_links`: a world of its own per attention rank and its FFN rank
-  (:func:`afd_core.world.open_link`), so that an attention server can leave and be
+  (:func:`afd_core.runtime.world.open_link`), so that an attention server can leave and be
   replaced while its FFN rank keeps serving the others; ``P2pGlooAFDConnector`` uses it.
 
 Either way the same endpoints and control channel run on top.
@@ -24,14 +24,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from afd_core.connector import Connector, ConnectorParts
-from afd_core.control.channel import ControlInbox, ControlSender
-from afd_core.endpoint_context import EndpointContext
-from afd_core.graphs import ReplayGuard
-from afd_core.links import BlockLinks, LinkAcceptor, open_ffn_links, shared_links
-from afd_core.p2p.attention import P2pAttentionEndpoint, P2pPeer
-from afd_core.p2p.ffn import P2pFFNEndpoint
-from afd_core.rendezvous import Session
-from afd_core.world import (
+from afd_core.runtime.control.channel import ControlInbox, ControlSender
+from afd_core.runtime.endpoint_context import EndpointContext
+from afd_core.replay_guard import ReplayGuard
+from afd_core.runtime.links import BlockLinks, LinkAcceptor, open_ffn_links, shared_links
+from afd_core.runtime.p2p.attention import P2pAttentionEndpoint, P2pPeer
+from afd_core.runtime.p2p.ffn import P2pFFNEndpoint
+from afd_core.runtime.rendezvous import Session
+from afd_core.runtime.world import (
     FFN_ON_LINK,
     DataTransportFactory,
     World,
@@ -108,10 +108,10 @@ def open_p2p_links(connector: Connector, data: DataTransportFactory) -> Connecto
     """Rendezvous and build ``connector``'s P2P parts on links of their own.
 
     Attention side: the rendezvous (a server may take the seat of an attention rank that
-    left, :mod:`afd_core.seats`), then its link with its FFN rank. FFN side: the
+    left, :mod:`afd_core.runtime.seats`), then its link with its FFN rank. FFN side: the
     rendezvous, a link with every attention rank of its block, the control inbox and,
     when attention ranks may be replaced (``ffn_idle_limit_s`` > 0), the
-    :class:`~afd_core.links.LinkAcceptor`. Bounded by the AFD timeout.
+    :class:`~afd_core.runtime.links.LinkAcceptor`. Bounded by the AFD timeout.
     """
     config, topology = connector.config, connector.topology
     # Seats are marked only by an FFN rank that lets links go; an attention rank always

@@ -6,7 +6,7 @@ expert-routed (every attention rank).
 An :class:`AttentionLink` is how an FFN rank reaches one attention rank: the control
 and data transports it uses, that rank's number on them and how to name it in errors.
 Either every link shares the connector's one world (P2P over NCCL, the expert exchange)
-or each has a world of its own (:func:`afd_core.world.open_link`: P2P over gloo).
+or each has a world of its own (:func:`afd_core.runtime.world.open_link`: P2P over gloo).
 
 :class:`BlockLinks` holds them and decides what losing one means:
 
@@ -16,7 +16,7 @@ or each has a world of its own (:func:`afd_core.world.open_link`: P2P over gloo)
   (:meth:`BlockLinks.lose` interrupts only that link's transports, so the waits on it
   end and the steps in flight with the other attention ranks finish) and keeps serving
   the others. At its next step boundary the FFN loop releases the link and vacates the
-  rank's seat (:mod:`afd_core.seats`); the :class:`LinkAcceptor` thread then opens the
+  rank's seat (:mod:`afd_core.runtime.seats`); the :class:`LinkAcceptor` thread then opens the
   link of the server that takes the seat. With no attention rank linked for
   ``ffn_idle_limit_s`` the FFN rank fails (:meth:`BlockLinks.idle_error`).
 
@@ -34,16 +34,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from afd_core import seats
+from afd_core.runtime import seats
 from afd_core.errors import AFDError, AFDPeerError
-from afd_core.world import ATTENTION_ON_LINK, open_link, peer_departed, peer_lost
+from afd_core.runtime.world import ATTENTION_ON_LINK, open_link, peer_departed, peer_lost
 
 if TYPE_CHECKING:
     from afd_core.connector import Connector
     from afd_core.failures import PeerFailures
-    from afd_core.rendezvous import Session
+    from afd_core.runtime.rendezvous import Session
     from afd_core.transport import TransferFailed, Transport
-    from afd_core.world import DataTransportFactory, World
+    from afd_core.runtime.world import DataTransportFactory, World
 
 # A child of vLLM's logger, so vLLM's logging config applies in a server.
 logger = logging.getLogger(f"vllm.{__name__}")
@@ -57,7 +57,7 @@ class AttentionLink:
     """How the FFN rank reaches attention rank ``rank`` (``peer`` on both transports).
 
     ``world`` is the link's own world (None: the link shares the connector's world);
-    ``generation`` the seat it serves (:mod:`afd_core.seats`); ``lost`` the error that
+    ``generation`` the seat it serves (:mod:`afd_core.runtime.seats`); ``lost`` the error that
     ended it, once it is lost.
     """
 
@@ -298,7 +298,7 @@ def open_ffn_links(
     replaceable: bool,
     owns_seats: bool,
 ) -> tuple[BlockLinks, LinkOpener]:
-    """The FFN rank's links of its own (:func:`afd_core.world.open_link`) with every
+    """The FFN rank's links of its own (:func:`afd_core.runtime.world.open_link`) with every
     attention rank of ``ranks``, generation 0, and how to open a later generation's.
 
     ``replaceable``: a link whose attention rank is lost or leaves is let go (see

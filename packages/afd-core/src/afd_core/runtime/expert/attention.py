@@ -1,6 +1,6 @@
 """``ExpertAttentionEndpoint``: the attention side of the expert-routed M:N exchange.
 
-Per step the attention rank announces the step to FFN rank 0 (:mod:`afd_core.control.relay`
+Per step the attention rank announces the step to FFN rank 0 (:mod:`afd_core.runtime.control.relay`
 forwards it to the other FFN ranks). Per MoE layer and stage it gets the hidden states and
 the routing its router chose (:class:`~afd_core.connector.ExpertRouting`: global top-k ids
 and weights) and, for every FFN rank, sends
@@ -8,7 +8,7 @@ and weights) and, for every FFN rank, sends
 * a header whose ``num_tokens`` is the number of rows routed there (possibly 0) and
   whose ``topk`` is the routing width, and
 * a body: those rows' hidden states, their top-k expert ids (int32) and weights
-  (float32), packed in that order (:mod:`afd_core.expert.messages`).
+  (float32), packed in that order (:mod:`afd_core.runtime.expert.messages`).
 
 On a transport that accepts a message shorter than its receive (gloo) header and body
 travel as one message (the FFN rank posts one receive with room for every token of the
@@ -16,8 +16,8 @@ stage); otherwise (NCCL) the header is a message of its own, followed by the bod
 it has rows, and the FFN rank reads the header before it receives the body.
 
 Every FFN rank answers with one reply frame, a header and the partial result of its
-experts for those rows (:func:`~afd_core.expert.messages.reply_bytes`: the attention rank
-knows its size, since it routed the rows); :func:`~afd_core.expert.routing.combine` adds
+experts for those rows (:func:`~afd_core.runtime.expert.messages.reply_bytes`: the attention rank
+knows its size, since it routed the rows); :func:`~afd_core.runtime.expert.routing.combine` adds
 the partial results up per token. Routed row counts vary per (attention rank, FFN rank,
 layer) and travel in the headers.
 """
@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from afd_core.connector import AttentionEndpoint, ExpertRouting
-from afd_core.control.channel import ControlSender
-from afd_core.endpoint_context import EndpointContext, active_step, take_in_flight
+from afd_core.runtime.control.channel import ControlSender
+from afd_core.runtime.endpoint_context import EndpointContext, active_step, take_in_flight
 from afd_core.errors import AFDProtocolError
-from afd_core.expert.messages import (
+from afd_core.runtime.expert.messages import (
     HeaderedBuffers,
     body_bytes,
     pack_body,
@@ -40,8 +40,8 @@ from afd_core.expert.messages import (
     reply_bytes,
     reply_partial,
 )
-from afd_core.expert.placement import ExpertPlacement
-from afd_core.expert.routing import combine, rows_per_rank
+from afd_core.placement import ExpertPlacement
+from afd_core.runtime.expert.routing import combine, rows_per_rank
 from afd_core.failures import guarded, layer_of_step
 from afd_core.metadata import ControlPayload
 from afd_core.transport import Transfer, TransferFailed
