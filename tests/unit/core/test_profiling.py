@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from afd_core import profiling
+from afd_core.workers import profiling
 from afd_core.workers.profiling import (
     FFN_COMPUTE,
     afd_range,

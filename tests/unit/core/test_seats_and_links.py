@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from afd_core import links as links_module
+from afd_core.runtime import links as links_module
 from afd_core.runtime import seats
 from afd_core.errors import AFDPeerError, AFDProtocolError
 from afd_core.failures import Fuse, PeerFailures
