@@ -123,21 +123,26 @@ class _MeasuredConnector:
     gloo I/O thread as the connector's messages."""
 
     def __init__(self, role: str, port: int, hidden: int) -> None:
+        from dataclasses import replace
+
+        from afd_core.assembly import Recipe, TransportPlane, TransportSite
         from afd_core.config import AFDConfig
         from afd_core.connector import WireSpec
         from afd_core.connectors.gloo import P2pGlooAFDConnector
-        from afd_core.runtime.p2p import open_p2p_links
-        from afd_core.runtime.world import gloo_data_transport
 
         groups: list[Any] = []
 
-        def data_plane(session: Any, control: Any, *args: Any) -> Any:
-            groups.append(control.group)
-            return gloo_data_transport(session, control, *args)
-
         class Measured(P2pGlooAFDConnector):
-            def connect(self) -> Any:  # the connector's own connect, with data_plane
-                return open_p2p_links(self, data_plane)
+            def recipe(self) -> Recipe:  # the connector's own recipe, its data plane recorded
+                recipe = super().recipe()
+                assert isinstance(recipe.data, TransportPlane)
+                gloo = recipe.data.open
+
+                def data_plane(site: TransportSite) -> Any:
+                    groups.append(site.control.group)  # type: ignore[attr-defined]
+                    return gloo(site)
+
+                return replace(recipe, data=TransportPlane(data_plane))
 
         config = AFDConfig(role=role, connector="P2pGlooAFDConnector", port=port)
         wire = WireSpec(hidden_size=hidden, dtype="bfloat16", num_exchange_layers=BLOCK)

@@ -17,13 +17,12 @@ from typing import Any
 import pytest
 import torch
 
+from afd_core.assembly import P2P_BLOCK, Control, Layout, Recipe, gloo_data_plane
 from afd_core.config import AFDConfig
-from afd_core.connector import Connector, ConnectorParts, WireSpec
+from afd_core.connector import Connector, WireSpec
 from afd_core.connectors.gloo import P2pGlooAFDConnector
-from afd_core.runtime.liveness import SILENCE_S
 from afd_core.metadata import AFDDPMetadata, ControlPayload
-from afd_core.runtime.p2p import open_p2p
-from afd_core.runtime.world import gloo_data_transport
+from afd_core.runtime.liveness import SILENCE_S
 from tests.integration.peer_errors import reports_peer_gone
 from tests.unit.core.loopback import RecordingReplayGuard
 
@@ -486,9 +485,11 @@ class GlooWithGraphSteps(Connector):
 
     name = "P2pGlooAFDConnector"
 
-    def connect(self) -> ConnectorParts:
+    def recipe(self) -> Recipe:
         guard = RecordingReplayGuard()
-        return open_p2p(self, gloo_data_transport, lambda connector, world: guard)
+        return Recipe(
+            Layout.WORLD, Control.ANNOUNCED, gloo_data_plane(), P2P_BLOCK, lambda site: guard
+        )
 
 
 def connect_graph(role: str, rank: int, port: int) -> GlooWithGraphSteps:

@@ -28,13 +28,22 @@ from typing import Any
 import pytest
 import torch
 
+from afd_core.assembly import (
+    EXPERT_ROUTED,
+    P2P_BLOCK,
+    Control,
+    Layout,
+    Recipe,
+    ReplayGuardSite,
+    TransportPlane,
+)
 from afd_core.config import AFDConfig
 from afd_core.connector import Connector, ConnectorParts, WireSpec
-from afd_core.runtime.expert import assemble_expert
 from afd_core.failures import PeerFailures
-from afd_core.runtime.p2p import assemble_p2p
-from afd_core.transport import Transfer, TransferFailed, Transport
+from afd_core.runtime.assembler import endpoint_on_world
+from afd_core.runtime.parts import Parts
 from afd_core.runtime.world import World
+from afd_core.transport import Transfer, TransferFailed, Transport
 
 
 class Fabric:
@@ -175,6 +184,9 @@ class RecordingReplayGuard:
     def wait_for_stream(self, what: str) -> None:
         self.calls.append(("wait_for_stream", what))
 
+    def stop(self) -> None:
+        self.calls.append(("stop", None))
+
 
 class LoopbackConnector(Connector):
     """A composed P2P connector whose world is a loopback :class:`Fabric`.
@@ -197,19 +209,29 @@ class LoopbackConnector(Connector):
         self.data_transport = _DATA_PLANES[data_plane]
         self.replays = RecordingReplayGuard() if graph_steps else None
 
+    def recipe(self) -> Recipe:
+        """The world is opened by :meth:`connect`; the recipe names the pattern."""
+        pattern = EXPERT_ROUTED if self.config.exchange == "expert" else P2P_BLOCK
+        guard = None if self.replays is None else self._guard
+        unused_plane = TransportPlane(lambda site: site.control)  # the fabric's, see connect
+        return Recipe(Layout.WORLD, Control.ANNOUNCED, unused_plane, pattern, guard)
+
+    def _guard(self, site: ReplayGuardSite) -> RecordingReplayGuard:
+        assert self.replays is not None
+        return self.replays
+
     def connect(self) -> ConnectorParts:
         timeout_s = float(self.config.afd_process_group_timeout_s)
         world = World(
-            session=None,
             control=LoopbackTransport(self.fabric, self.world_rank, "control"),
             data=self.data_transport(self.fabric, self.world_rank, "data"),
             failures=PeerFailures(self.topology, timeout_s, self.fuse),
             timeout_s=timeout_s,
         )
-        if self.config.exchange == "expert":
-            return assemble_expert(self, world)
-        replays = self.replays
-        return assemble_p2p(self, world, None if replays is None else lambda c, w: replays)
+        parts = Parts()
+        parts.add(world.as_part("loopback world"))
+        endpoint = endpoint_on_world(self.runtime_spec(), self.recipe(), world, parts)
+        return ConnectorParts(endpoint, (parts.take_down,))
 
 
 def loopback_connectors(

@@ -62,7 +62,8 @@ def test_a_frontend_without_a_recorded_failure_keeps_its_exit_status(tmp_path: P
     )
     assert result.returncode == 0, result.stderr
     result = run_python(
-        "import sys; from afd_core.workers.frontend import become_frontend; become_frontend(); sys.exit(3)",
+        "import sys; from afd_core.workers.frontend import become_frontend; "
+        "become_frontend(); sys.exit(3)",
         tmp_path,
     )
     assert result.returncode == 3

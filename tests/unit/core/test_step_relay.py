@@ -18,13 +18,13 @@ import pytest
 import torch
 
 from afd_core.config import AFDConfig
-from afd_core.runtime.control.relay import FollowingRelay
 from afd_core.errors import AFDPeerError
 from afd_core.failures import Fuse, PeerFailures
-from afd_core.runtime.links import AttentionLink, BlockLinks
 from afd_core.metadata import AFDDPMetadata, ControlPayload
-from afd_core.wire import encode_step_frame
+from afd_core.runtime.control.relay import FollowingRelay
+from afd_core.runtime.links import AttentionLink, BlockLinks
 from afd_core.runtime.world import World
+from afd_core.wire import encode_step_frame
 from tests.unit.core.loopback import Fabric, LoopbackTransport
 
 TIMEOUT_S = 1.0
@@ -58,7 +58,7 @@ class Follower:
         """A link of its own (a loopback world) to ``rank``, seat ``generation``."""
         fabric = Fabric()
         control, data = LoopbackTransport(fabric, 0, "c"), LoopbackTransport(fabric, 0, "d")
-        world = World(None, control, data, self.failures, TIMEOUT_S)
+        world = World(control, data, self.failures, TIMEOUT_S)
         return AttentionLink(rank, 1, control, data, self.failures, generation, world)
 
     def forward(self, step_id: int, *entries: tuple[int, int]) -> None:

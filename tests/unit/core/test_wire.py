@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 
 from afd_core.connector import WireSpec
-from afd_core.runtime.control.assembler import StepAssembler
 from afd_core.errors import AFDProtocolError
 from afd_core.metadata import AFDDPMetadata, ControlPayload, TransferHeader
+from afd_core.runtime.control.assembler import StepAssembler
 from afd_core.topology import Topology
 from afd_core.wire import (
     CONTROL_FRAME_BYTES,

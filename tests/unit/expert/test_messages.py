@@ -7,13 +7,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from afd_core.connector import WireSpec  # noqa: E402
+from afd_core.metadata import TransferHeader  # noqa: E402
 from afd_core.runtime.expert.messages import (  # noqa: E402
     HeaderedBuffer,
     read_header,
     reply_bytes,
     reply_partial,
 )
-from afd_core.metadata import TransferHeader  # noqa: E402
 from afd_core.wire import HEADER_BYTES, HeaderCodec  # noqa: E402
 from tests.unit.core.loopback import Fabric, LoopbackTransport  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""afd_core.workers.setup: role ranks from vLLM's parallel config, wire specs, connector building."""
+"""afd_core.workers.setup: role ranks from vLLM's parallel config, wire specs, connectors."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from types import MappingProxyType, SimpleNamespace
 
 import pytest
 
-from afd_core.workers import setup as roles
 from afd_core.connector import WireSpec
 from afd_core.errors import AFDConfigError
 from afd_core.registry import AFDRegistry
 from afd_core.specs import ConnectorSpec, ModelSpec
+from afd_core.workers import setup as roles
 from tests.unit.roles.fakes import WIRE, RecordingConnector, make_config
 
 

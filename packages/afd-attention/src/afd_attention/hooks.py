@@ -9,8 +9,8 @@ from afd_core.errors import AFDConfigError
 from afd_core.hookspecs import hookimpl
 from afd_core.platform import current_platform_name
 from afd_core.registry import get_registry
-from afd_core.workers.setup import check_parallel_layout
 from afd_core.specs import ConnectorSpec, WorkerSpec
+from afd_core.workers.setup import check_parallel_layout
 
 
 @hookimpl

@@ -17,8 +17,8 @@ from afd_attention.step_driver import StepDriver
 from afd_core.config import afd_config_from_vllm
 from afd_core.connector import Connector
 from afd_core.errors import AFDConfigError, AFDPeerError
-from afd_core.workers.setup import build_connector, model_wire_spec, resolve_role_rank
 from afd_core.workers.process_exit import exit_worker_process
+from afd_core.workers.setup import build_connector, model_wire_spec, resolve_role_rank
 
 # A child of vLLM's logger, so vLLM's logging config (handler, level, format) applies.
 logger = logging.getLogger(f"vllm.{__name__}")

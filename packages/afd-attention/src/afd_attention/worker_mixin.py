@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from afd_attention.session import AttentionSession
-from afd_core.runtime import liveness
 from afd_core.errors import AFDError
+from afd_core.runtime import liveness
 from afd_core.workers.profiling import set_ranges_enabled, trace_prefix
 
 

@@ -7,9 +7,9 @@ and sends each token to every FFN rank that holds one of its top-k experts, once
 rank, with the routing; each FFN rank computes only its experts and sends back its
 partial result per token; the attention rank adds them up. Any M and N (N > M too).
 
-Composed of public parts (docs/design.md): afd-core's rendezvous, gloo control channel,
-step relay and expert-routed endpoints (:func:`afd_core.runtime.expert.open_expert`), over a data
-transport chosen by ``connector_extra_config.transport``: ``"nccl"``
+A recipe (:mod:`afd_core.assembly`): afd-core's expert-routed pattern (steps announced to
+FFN rank 0 and relayed to the others), over a data transport chosen by
+``connector_extra_config.transport``: ``"nccl"``
 (:class:`~afd_connectors_gpu.nccl_transport.NcclTransport`, CUDA tensors), ``"gloo"``
 (host memory, any platform) or ``"auto"`` (the default: NCCL when this process has CUDA,
 else gloo; set it explicitly when the roles run on different kinds of hosts).
@@ -29,17 +29,22 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from afd_connectors_gpu.nccl_transport import NcclTransport
-from afd_core.connector import Connector, ConnectorParts, WireSpec
+from afd_core.assembly import (
+    EXPERT_ROUTED,
+    Control,
+    Layout,
+    Recipe,
+    TransportPlane,
+    TransportSite,
+    gloo_data_plane,
+)
+from afd_core.connector import Connector
 from afd_core.errors import AFDConfigError
-from afd_core.runtime.expert import open_expert, open_expert_links
-from afd_core.runtime.expert.messages import check_packable
-from afd_core.runtime.rendezvous import Session
 from afd_core.transport import Transport
-from afd_core.runtime.gloo import GlooTransport
-from afd_core.runtime.world import gloo_data_transport
 
 if TYPE_CHECKING:
     from afd_core.config import AFDConfig
+    from afd_core.connector import WireSpec
 
 TransportChoice = Literal["auto", "gloo", "nccl"]
 _CHOICES: tuple[TransportChoice, ...] = ("auto", "gloo", "nccl")
@@ -79,33 +84,27 @@ class DeepEPM2NAFDConnector(Connector):
 
     def __init__(self, config: AFDConfig, role_rank: int, wire: WireSpec) -> None:
         super().__init__(config, role_rank, wire)
-        check_packable(wire)
+        EXPERT_ROUTED.check(self.runtime_spec())  # the routing must fit a message body
 
     @classmethod
     def parse_extra_config(cls, raw: Mapping[str, Any]) -> M2NExtraConfig:
         """Accept ``transport`` (see :class:`M2NExtraConfig`)."""
         return M2NExtraConfig.parse(raw)
 
-    @property
-    def replaces_attention_ranks(self) -> bool:
-        """True over gloo (links of their own per pair), False over NCCL (one world)."""
-        return not self._uses_nccl()
-
-    def connect(self) -> ConnectorParts:
-        """Rendezvous, gloo control, data transport, expert-routed endpoint: over NCCL in
-        one world of every rank; over gloo on a link of its own per (attention rank, FFN
-        rank) pair, so that an attention server can be replaced while the FFN ranks serve
-        the others (:func:`afd_core.runtime.expert.open_expert_links`)."""
+    def recipe(self) -> Recipe:
+        """Over NCCL: one world of every rank. Over gloo: a link of its own per
+        (attention rank, FFN rank) pair, so that an attention server can be replaced
+        while the FFN ranks serve the others. Either way announced steps (relayed by FFN
+        rank 0) and the expert-routed pattern."""
         if self._uses_nccl():
-            peers = self.topology.peers_of(self.config.role, self.role_rank)
 
-            def data(
-                session: Session, control: GlooTransport, rank: int, size: int, timeout_s: float
-            ) -> Transport:
-                return NcclTransport.open(session, rank, size, peers, timeout_s)
+            def data(site: TransportSite) -> Transport:
+                return NcclTransport.open(
+                    site.opener, site.world_rank, site.world_size, site.peers, site.timeout_s
+                )
 
-            return open_expert(self, data)
-        return open_expert_links(self, gloo_data_transport)
+            return Recipe(Layout.WORLD, Control.ANNOUNCED, TransportPlane(data), EXPERT_ROUTED)
+        return Recipe(Layout.LINKS, Control.ANNOUNCED, gloo_data_plane(), EXPERT_ROUTED)
 
     def _uses_nccl(self) -> bool:
         choice = self.extra.transport

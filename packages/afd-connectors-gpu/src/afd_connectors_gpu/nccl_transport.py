@@ -39,7 +39,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, ClassVar
 
 from afd_core.errors import AFDConfigError, AFDPeerError
-from afd_core.runtime.rendezvous import Session
+from afd_core.op_provider import GroupOpener
 from afd_core.transport import Transfer, TransferFailed, Transport
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ class NcclTransport(Transport):
     @classmethod
     def open(
         cls,
-        session: Session,
+        opener: GroupOpener,
         world_rank: int,
         world_size: int,
         peers: tuple[int, ...],
@@ -102,11 +102,11 @@ class NcclTransport(Transport):
         options.is_high_priority_stream = high_priority_stream
         try:
             group = dist.ProcessGroupNCCL(
-                session.prefix_store("nccl"), world_rank, world_size, options
+                opener.prefix_store("nccl"), world_rank, world_size, options
             )
         except RuntimeError as exc:
             raise AFDPeerError(
-                f"AFD: creating the NCCL group of {world_size} ranks at {session.address} "
+                f"AFD: creating the NCCL group of {world_size} ranks at {opener.address} "
                 f"failed ({exc}); see the logs of the other ranks"
             ) from exc
         transport = cls(group, torch.device("cuda", torch.cuda.current_device()))

@@ -1,9 +1,10 @@
 """``P2pNcclAFDConnector``: afd-core's P2P endpoints with the data plane on NCCL (CUDA tensors).
 
-Composed of public parts (docs/design.md): afd-core's rendezvous, gloo control channel and
-P2P endpoints (:func:`afd_core.runtime.p2p.open_p2p`), this package's
-:class:`~afd_connectors_gpu.nccl_transport.NcclTransport` as the data transport and
-:class:`~afd_connectors_gpu.replay_watch.CudaReplayGuard` for CUDA graph steps.
+A recipe (:mod:`afd_core.assembly`): one world of every rank, steps announced on afd-core's
+gloo control channel, this package's
+:class:`~afd_connectors_gpu.nccl_transport.NcclTransport` as the data plane, the P2P block
+pattern, and :class:`~afd_connectors_gpu.replay_watch.CudaReplayGuard` for CUDA graph
+steps.
 
 Message buffers are tensors on the current CUDA device at ``initialize()`` (the worker's
 device inside vLLM; ``connector_extra_config`` is shared by both roles, so it cannot name
@@ -22,14 +23,19 @@ from typing import Any
 
 from afd_connectors_gpu.nccl_transport import NcclTransport
 from afd_connectors_gpu.replay_watch import CudaReplayGuard
+from afd_core.assembly import (
+    P2P_BLOCK,
+    Control,
+    Layout,
+    Recipe,
+    ReplayGuardSite,
+    TransportPlane,
+    TransportSite,
+)
 from afd_core.coercion import to_bool
-from afd_core.connector import Connector, ConnectorParts
+from afd_core.connector import Connector
 from afd_core.errors import AFDConfigError
-from afd_core.runtime.p2p import open_p2p
-from afd_core.runtime.rendezvous import Session
-from afd_core.transport import TransferFailed, Transport
-from afd_core.runtime.gloo import GlooTransport
-from afd_core.runtime.world import World
+from afd_core.transport import Transport
 
 
 @dataclass(frozen=True)
@@ -74,32 +80,19 @@ class P2pNcclAFDConnector(Connector):
         """Accept ``high_priority_stream`` (see :class:`NcclExtraConfig`)."""
         return NcclExtraConfig.parse(raw)
 
-    def connect(self) -> ConnectorParts:
-        """Rendezvous, gloo control group, NCCL data group, P2P endpoint, replay guard."""
-        guards: list[CudaReplayGuard] = []
+    def recipe(self) -> Recipe:
+        """One world, announced steps, the NCCL data plane, the P2P block pattern, and a
+        CUDA replay guard for graph steps."""
+        extra: NcclExtraConfig = self.extra
 
-        def data(
-            session: Session, control: GlooTransport, rank: int, size: int, timeout_s: float
-        ) -> Transport:
-            peers = self.topology.peers_of(self.config.role, self.role_rank)
+        def data(site: TransportSite) -> Transport:
             return NcclTransport.open(
-                session, rank, size, peers, timeout_s,
-                high_priority_stream=self.extra.high_priority_stream,
+                site.opener, site.world_rank, site.world_size, site.peers, site.timeout_s,
+                high_priority_stream=extra.high_priority_stream,
             )  # fmt: skip
 
-        def replays(connector: Connector, world: World) -> CudaReplayGuard:
-            def overrun(what: str) -> None:
-                peer = self.topology.peers_of(self.config.role, self.role_rank)[0]
-                overran = TransferFailed(None, "timeout", f"{what} still running")
-                error = world.failures.error(overran, what, peer)
-                connector.fuse.blow(error)
-                world.data.interrupt()
+        def replays(site: ReplayGuardSite) -> CudaReplayGuard:
+            name = f"afd-replay-watch-{site.spec.role}{site.spec.role_rank}"
+            return CudaReplayGuard(site.spec.timeout_s, site.fail, name)
 
-            guard = CudaReplayGuard(
-                world.timeout_s, overrun, f"afd-replay-watch-{self.config.role}{self.role_rank}"
-            )
-            guards.append(guard)
-            return guard
-
-        parts = open_p2p(self, data, replays)
-        return ConnectorParts(parts.endpoint, (*(g.stop for g in guards), *parts.shutdown))
+        return Recipe(Layout.WORLD, Control.ANNOUNCED, TransportPlane(data), P2P_BLOCK, replays)

@@ -42,6 +42,7 @@ from afd_core.metadata import WIRE_DTYPES, ControlPayload
 if TYPE_CHECKING:
     import torch
 
+    from afd_core.assembly import Recipe, RuntimeSpec
     from afd_core.config import AFDConfig
 
 
@@ -309,13 +310,14 @@ class ConnectorParts:
     shutdown: tuple[Callable[[], None], ...] = ()
 
 
-class Connector(ABC):
+class Connector:
     """Base class of every AFD connector (built-in and third-party).
 
     Subclasses set ``name`` (the value users put in ``"connector"``), implement
-    :meth:`connect`, and may override :meth:`parse_extra_config` to accept
-    ``connector_extra_config`` fields. Everything else (life cycle, the closed and
-    failed state, the endpoint accessors) lives here.
+    :meth:`recipe` (a composed connector: :mod:`afd_core.assembly`) or override
+    :meth:`connect` (a connector that builds its own parts), and may override
+    :meth:`parse_extra_config` to accept ``connector_extra_config`` fields. Everything
+    else (life cycle, the closed and failed state, the endpoint accessors) lives here.
     """
 
     name: ClassVar[str] = ""
@@ -324,10 +326,15 @@ class Connector(ABC):
     def replaces_attention_ranks(self) -> bool:
         """True when an attention rank that leaves can be replaced by a new server while
         the FFN ranks keep serving the others (the FFN role then never starts a new
-        rendezvous; see afd_core.runtime.links). False (this default): the FFN rank fails
-        when an attention rank leaves, and the FFN role starts a new rendezvous for all
-        of them."""
-        return False
+        rendezvous; see afd_core.runtime.links): a recipe on links. False otherwise (and
+        for connectors without a recipe): the FFN rank fails when an attention rank
+        leaves, and the FFN role starts a new rendezvous for all of them."""
+        from afd_core.assembly import Layout
+
+        try:
+            return self.recipe().layout is Layout.LINKS
+        except NotImplementedError:
+            return False
 
     def __init__(self, config: AFDConfig, role_rank: int, wire: WireSpec) -> None:
         for dtype in (wire.dtype, wire.router_logits_dtype):
@@ -363,14 +370,40 @@ class Connector(ABC):
             )
         return None
 
-    @abstractmethod
+    def recipe(self) -> Recipe:
+        """The recipe this connector is assembled from (:mod:`afd_core.assembly`).
+
+        Cheap and free of side effects (it is also read by :attr:`replaces_attention_ranks`
+        and ``afd check``). Raises NotImplementedError in a connector that overrides
+        :meth:`connect` instead.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} has no recipe(); implement recipe() or connect()"
+        )
+
+    def runtime_spec(self) -> RuntimeSpec:
+        """What the runtime needs of this connector (never the connector itself)."""
+        from afd_core.assembly import RuntimeSpec
+
+        return RuntimeSpec(
+            self.name or type(self).__name__, self.config, self.role_rank, self.wire,
+            self.fuse, self._tell_peer_lost,
+        )  # fmt: skip
+
     def connect(self) -> ConnectorParts:
         """Rendezvous with the peers and build this rank's parts; called once.
 
-        Must be bounded by ``afd_process_group_timeout_s``, poll :attr:`is_closed` while
-        waiting (raising AFDShutdown when it turns true), and release whatever it built
-        before raising.
+        The default assembles :meth:`recipe`. An override must be bounded by
+        ``afd_process_group_timeout_s``, poll :attr:`is_closed` while waiting (raising
+        AFDShutdown when it turns true), and release whatever it built before raising.
         """
+        from afd_core.assembly import assemble
+
+        return assemble(self.runtime_spec(), self.recipe())
+
+    def _tell_peer_lost(self, error: AFDPeerError) -> None:
+        if self.on_peer_lost is not None:
+            self.on_peer_lost(error)
 
     @property
     def is_initialized(self) -> bool:

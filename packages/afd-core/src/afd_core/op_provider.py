@@ -41,6 +41,11 @@ class GroupOpener(ABC):
     its own group on it, such as HCCL) or a gloo transport of every rank of the world.
     """
 
+    @property
+    def address(self) -> str:
+        """Where the rendezvous store is (``host:port``), for error messages."""
+        return "the AFD rendezvous store"
+
     @abstractmethod
     def prefix_store(self, name: str) -> Store:
         """A store under this world's ``name/`` prefix (the same on every rank)."""

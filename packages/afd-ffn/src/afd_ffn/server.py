@@ -58,6 +58,7 @@ from typing import Any
 from afd_core.config import afd_config_from_vllm
 from afd_core.connector import Connector, ExpertRouting, FFNStep
 from afd_core.errors import AFDConfigError, AFDPeerError, AFDProtocolError, AFDShutdown
+from afd_core.workers.process_exit import exit_worker_process
 from afd_core.workers.profiling import (
     FFN_COMPUTE,
     FFN_RECV,
@@ -67,7 +68,6 @@ from afd_core.workers.profiling import (
     afd_range,
 )
 from afd_core.workers.setup import build_connector, model_wire_spec, resolve_role_rank
-from afd_core.workers.process_exit import exit_worker_process
 from afd_ffn.graphs import FFNStepGraphs
 from afd_ffn.stats import FFNStats
 from afd_models.roles import FFNModel

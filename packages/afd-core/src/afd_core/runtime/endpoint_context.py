@@ -1,7 +1,7 @@
 """What the role endpoints of one connector share, and the pairing rule of their calls.
 
-Every endpoint (:mod:`afd_core.runtime.p2p`, :mod:`afd_core.runtime.expert`) is built on the same few
-things from its connector and world: the wire spec, its role rank, the data transport,
+Every endpoint (:mod:`afd_core.runtime.p2p`, :mod:`afd_core.runtime.expert`) is built on
+the same few things from its connector and world: the wire spec, its role rank, the data transport,
 the connector's fuse, the way peers are named in errors, and the AFD timeout. They travel
 together as one :class:`EndpointContext`. :func:`active_step` and :func:`take_in_flight`
 are the rules both attention endpoints apply to ``send`` and ``recv``: a step has begun,
@@ -18,8 +18,8 @@ from afd_core.errors import AFDProtocolError
 if TYPE_CHECKING:
     from afd_core.connector import Connector, WireSpec
     from afd_core.failures import Fuse, PeerFailures
-    from afd_core.transport import Transport
     from afd_core.runtime.world import World
+    from afd_core.transport import Transport
 
 
 @dataclass(frozen=True)

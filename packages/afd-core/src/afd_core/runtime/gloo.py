@@ -45,6 +45,8 @@ if TYPE_CHECKING:
     import torch
     from torch.distributed import ProcessGroupGloo, Store
 
+    from afd_core.assembly import TransportSite
+
 #: Tags of the two channels that can share one group (non-negative int32, far from the
 #: small tags collectives use).
 TAG_CONTROL = 0x41460001
@@ -242,3 +244,12 @@ class GlooLane(Lane):
 
     def wait_all(self, transfers: list[Transfer], deadline: float | None = None) -> None:
         self._gloo.wait_all(transfers, deadline, None if deadline is not None else self._timeout)
+
+
+def shared_data_transport(site: TransportSite) -> Transport:
+    """A gloo data plane: the world's control group under :data:`TAG_DATA` (see
+    :func:`afd_core.assembly.gloo_data_plane`)."""
+    control = site.control
+    if not isinstance(control, GlooTransport):
+        raise TypeError(f"a gloo data plane shares a gloo control group, not {type(control)}")
+    return control.share(TAG_DATA)

@@ -34,16 +34,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from afd_core.runtime import seats
 from afd_core.errors import AFDError, AFDPeerError
+from afd_core.runtime import seats
 from afd_core.runtime.world import ATTENTION_ON_LINK, open_link, peer_departed, peer_lost
 
 if TYPE_CHECKING:
-    from afd_core.connector import Connector
+    from afd_core.assembly import RuntimeSpec, TransportFactory
     from afd_core.failures import PeerFailures
     from afd_core.runtime.rendezvous import Session
+    from afd_core.runtime.world import World
     from afd_core.transport import TransferFailed, Transport
-    from afd_core.runtime.world import DataTransportFactory, World
 
 # A child of vLLM's logger, so vLLM's logging config applies in a server.
 logger = logging.getLogger(f"vllm.{__name__}")
@@ -64,7 +64,7 @@ class AttentionLink:
     rank: int
     peer: int
     control: Transport
-    data: Transport
+    data: Transport | None
     failures: PeerFailures
     generation: int = 0
     world: World | None = None
@@ -290,8 +290,8 @@ LinkOpener = Callable[[int, int], AttentionLink]
 
 
 def open_ffn_links(
-    connector: Connector,
-    data: DataTransportFactory,
+    spec: RuntimeSpec,
+    data: TransportFactory,
     session: Session,
     ranks: tuple[int, ...],
     *,
@@ -307,28 +307,27 @@ def open_ffn_links(
     here, vacates them when it lets a link go); exactly one FFN rank owns each seat.
     Bounded by the AFD timeout; closes what it opened when it raises.
     """
-    ffn_rank = connector.role_rank
+    ffn_rank = spec.role_rank
     links = BlockLinks(
         ffn_rank, [], replaceable=replaceable, session=session,
-        idle_limit_s=float(connector.config.ffn_idle_limit_s), owns_seats=owns_seats,
+        idle_limit_s=float(spec.config.ffn_idle_limit_s), owns_seats=owns_seats,
     )  # fmt: skip
 
     def lost(world: World, error: AFDPeerError) -> None:
         link = links.of_world(world)
         if link is None or not links.lose(link, error):
             links.interrupt()  # the FFN rank fails: every wait on every link ends
-            peer_lost(connector, world, error)
+            peer_lost(spec, world, error)
 
     def departed(world: World, peer: int, error: AFDPeerError) -> None:
         link = links.of_world(world)
         if link is None or not links.lose(link, error):
-            peer_departed(connector, world, peer, error)
+            peer_departed(spec, world, peer, error)
 
     def open_one(rank: int, generation: int) -> AttentionLink:
         world = open_link(
-            connector, data, session, rank, ffn_rank, generation, owns_session=False,
-            on_lost=lost, on_departed=departed,
-        )  # fmt: skip
+            spec, data, session, rank, ffn_rank, generation, on_lost=lost, on_departed=departed
+        )
         return AttentionLink(
             rank, ATTENTION_ON_LINK, world.control, world.data, world.failures, generation, world
         )

@@ -32,7 +32,6 @@ from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from afd_core.runtime import seats
 from afd_core.errors import (
     AFDConfigError,
     AFDError,
@@ -41,6 +40,7 @@ from afd_core.errors import (
     AFDShutdown,
 )
 from afd_core.metadata import ControlPayload, TransferHeader
+from afd_core.runtime import seats
 from afd_core.runtime.store_gate import SECRET_ENV, StoreGate, StoreTunnel, announces_gate
 from afd_core.topology import Role, Topology
 

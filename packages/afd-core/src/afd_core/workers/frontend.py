@@ -27,7 +27,8 @@ all with the frontend's environment. Two things vLLM 0.32 does not do, this modu
   a failure was recorded and 0 otherwise (what vLLM itself exits with after its engine
   died).
 * **A stop signal is not lost while the engine starts.** In an API server process
-  :func:`become_frontend` also installs :func:`afd_core.workers.startup_signals.relay_startup_signals`:
+  :func:`become_frontend` also installs
+  :func:`afd_core.workers.startup_signals.relay_startup_signals`:
   a SIGTERM that the kernel hands to a thread other than the main thread, while the
   main thread waits for the engine (and so for the AFD rendezvous), is passed on to it.
 * **A failure is a non-zero exit.** When an AFD worker ends itself because of a failure

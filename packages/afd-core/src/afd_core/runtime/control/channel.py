@@ -24,16 +24,16 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from afd_core.runtime.control.assembler import StepAssembler
 from afd_core.errors import AFDError, AFDProtocolError
 from afd_core.failures import Fuse, PeerFailures, guarded, guarded_until_closed
+from afd_core.runtime.control.assembler import StepAssembler
 from afd_core.transport import TransferFailed, Transport
 from afd_core.wire import CONTROL_FRAME_BYTES, decode_control_frame, encode_control_frame
 
 if TYPE_CHECKING:
     from afd_core.connector import FFNStep
-    from afd_core.runtime.links import AttentionLink, BlockLinks
     from afd_core.metadata import ControlPayload
+    from afd_core.runtime.links import AttentionLink, BlockLinks
 
 #: What an inbox thread waits for, in error messages.
 NEXT_PAYLOAD = "the next control payload"

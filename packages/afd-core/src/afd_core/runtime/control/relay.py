@@ -32,17 +32,17 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from afd_core.runtime.control.assembler import StepAssembler
-from afd_core.runtime.control.channel import ControlInbox, host_frame
 from afd_core.errors import AFDError, AFDPeerError, AFDProtocolError
 from afd_core.failures import Fuse, PeerFailures, guarded_until_closed
+from afd_core.runtime.control.assembler import StepAssembler
+from afd_core.runtime.control.channel import ControlInbox, host_frame
 from afd_core.transport import TransferFailed, Transport
 from afd_core.wire import decode_step_frame, encode_step_frame, step_frame_bytes
 
 if TYPE_CHECKING:
     from afd_core.connector import FFNStep
-    from afd_core.runtime.links import AttentionLink, BlockLinks
     from afd_core.metadata import ControlPayload
+    from afd_core.runtime.links import AttentionLink, BlockLinks
 
 #: FFN rank 0 leads; it is rank 0 of every group of FFN ranks (FFN ranks come first).
 LEADER_RANK = 0

@@ -29,9 +29,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from afd_core.connector import AttentionEndpoint, ExpertRouting
+from afd_core.errors import AFDProtocolError
+from afd_core.failures import guarded, layer_of_step
+from afd_core.metadata import ControlPayload
+from afd_core.placement import ExpertPlacement
 from afd_core.runtime.control.channel import ControlSender
 from afd_core.runtime.endpoint_context import EndpointContext, active_step, take_in_flight
-from afd_core.errors import AFDProtocolError
 from afd_core.runtime.expert.messages import (
     HeaderedBuffers,
     body_bytes,
@@ -40,10 +43,7 @@ from afd_core.runtime.expert.messages import (
     reply_bytes,
     reply_partial,
 )
-from afd_core.placement import ExpertPlacement
 from afd_core.runtime.expert.routing import combine, rows_per_rank
-from afd_core.failures import guarded, layer_of_step
-from afd_core.metadata import ControlPayload
 from afd_core.transport import Transfer, TransferFailed
 from afd_core.wire import HEADER_BYTES, HeaderCodec
 

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from afd_core.connector import ExpertRouting, FFNEndpoint, FFNLayerBatch, FFNStep
-from afd_core.runtime.endpoint_context import EndpointContext
 from afd_core.errors import AFDProtocolError
+from afd_core.failures import guarded, guarded_until_closed, layer_of_step
+from afd_core.runtime.endpoint_context import EndpointContext
 from afd_core.runtime.expert.messages import (
     HeaderedBuffers,
     body_bytes,
@@ -39,7 +40,6 @@ from afd_core.runtime.expert.messages import (
     unpack_body,
 )
 from afd_core.runtime.expert.routing import localize
-from afd_core.failures import guarded, guarded_until_closed, layer_of_step
 from afd_core.transport import Transfer, TransferFailed
 from afd_core.wire import HEADER_BYTES, HeaderCodec
 

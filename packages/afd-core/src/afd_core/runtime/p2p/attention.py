@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from afd_core.connector import AttentionEndpoint, ExpertRouting
-from afd_core.runtime.control.channel import ControlSender
-from afd_core.runtime.endpoint_context import EndpointContext, active_step, take_in_flight
 from afd_core.errors import AFDError, AFDProtocolError
 from afd_core.failures import guarded, layer_of_step
-from afd_core.replay_guard import ReplayGuard
 from afd_core.metadata import ControlPayload
+from afd_core.replay_guard import ReplayGuard
+from afd_core.runtime.control.channel import ControlSender
+from afd_core.runtime.endpoint_context import EndpointContext, active_step, take_in_flight
 from afd_core.runtime.p2p.frames import (
     FrameBuffer,
     FrameLayout,

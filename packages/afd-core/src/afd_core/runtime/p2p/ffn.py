@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from afd_core.connector import FFNEndpoint, FFNLayerBatch, FFNStep
-from afd_core.runtime.control.channel import ControlInbox
-from afd_core.runtime.endpoint_context import EndpointContext
 from afd_core.errors import AFDError, AFDProtocolError
 from afd_core.failures import guarded, guarded_until_closed, layer_of_step
 from afd_core.replay_guard import ReplayGuard
+from afd_core.runtime.control.channel import ControlInbox
+from afd_core.runtime.endpoint_context import EndpointContext
 from afd_core.runtime.p2p.frames import FrameBuffer, FrameLayout, HeldFrame, memmove, uses_frames
 from afd_core.runtime.p2p.headers import IncomingHeaders, OutgoingHeaders
 from afd_core.transport import Lane, Transfer, TransferFailed
