@@ -115,12 +115,14 @@ class World:
         self.control.interrupt()
 
     def release(self) -> None:
-        """Close the data plane and the control transport (last step)."""
+        """Close the data plane and the control transport, and drop the opener: the
+        rendezvous store goes with its last reference (last step)."""
         if self.provider is not None:
             self.provider.close()
         if self.data is not None:
             self.data.close()
         self.control.close()
+        self.opener = None
 
     def as_part(self, name: str) -> Part:
         """This world in a connector's :class:`~afd_core.runtime.parts.Parts`."""
