@@ -1,0 +1,242 @@
+"""The CAM P2P pattern: the block pairing, with ``a2e``/``e2a`` moving the data.
+
+Pairing: afd-core's block rule (:mod:`afd_core.topology`): FFN rank ``f`` serves the
+contiguous block of attention ranks ``block_of(f)``; each attention rank announces its
+steps to its FFN rank on afd-core's control channel. Per exchanging layer and stage:
+
+* attention: ``send`` calls ``a2e`` as sender (its rows go to its FFN rank; the op
+  returns at once), ``recv`` calls ``e2a`` as receiver (the FFN result of those rows);
+* FFN (layer by layer, stage by stage): ``recv`` calls ``a2e`` as receiver with the
+  rows expected from each attention rank of the step (from the announcements; -1 for a
+  rank of the block that takes no part in the step) and gets the block's rows
+  concatenated; ``send`` calls ``e2a`` as sender.
+
+Each stage has its own op group (``side.op_groups[stage]``), so two stages in flight
+never share a message stream. The ops check every message's header (a mispaired call
+raises AFDProtocolError naming both sides), bound every wait by the AFD timeout, and
+wake on the provider's interrupt; a lost peer fails the connector through afd-core's
+peer watch. The gate runs on the FFN role: router logits never travel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar, ParamSpec, TypeVar
+
+from afd_connectors_npu.cam_ops import CamP2pOps
+from afd_core.assembly import AttentionSide, FFNSide, OpPlane, Pattern, StepAnnouncer, StepSource
+from afd_core.connector import (
+    AttentionEndpoint,
+    ExpertRouting,
+    FFNEndpoint,
+    FFNLayerBatch,
+    FFNStep,
+)
+from afd_core.errors import AFDProtocolError, AFDShutdown
+from afd_core.failures import Fuse, guarded, guarded_until_closed
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+if TYPE_CHECKING:
+    import torch
+
+    from afd_core.assembly import RuntimeSpec
+    from afd_core.metadata import ControlPayload
+    from afd_core.topology import Topology
+
+
+class CamP2p(Pattern):
+    """The CAM P2P pattern (see the module docstring); ``cores`` gives each role's
+    ``aiv_num``."""
+
+    name: ClassVar[str] = "CAM P2P"
+    data_plane = OpPlane
+
+    def __init__(self, cores: dict[str, int]) -> None:
+        self._cores = cores
+
+    def ffn_peers(self, topology: Topology, attention_rank: int) -> tuple[int, ...]:
+        """The FFN rank serving ``attention_rank``'s block."""
+        return (topology.ffn_rank_of(attention_rank),)
+
+    def attention_peers(self, topology: Topology, ffn_rank: int) -> tuple[int, ...]:
+        """The attention ranks of ``ffn_rank``'s block."""
+        return tuple(topology.block_of(ffn_rank))
+
+    def attention_endpoint(self, side: AttentionSide) -> CamP2pAttentionEndpoint:
+        assert side.announcer is not None, "CAM P2P needs announced steps"
+        return CamP2pAttentionEndpoint(side.spec, self._ops(side.spec), side.announcer,
+                                       side.op_groups)  # fmt: skip
+
+    def ffn_endpoint(self, side: FFNSide) -> CamP2pFFNEndpoint:
+        assert side.steps is not None, "CAM P2P needs announced steps"
+        return CamP2pFFNEndpoint(side.spec, self._ops(side.spec), side.steps, side.op_groups)
+
+    def _ops(self, spec: RuntimeSpec) -> CamP2pOps:
+        topology = spec.topology
+        return CamP2pOps(
+            spec.world_rank, topology.num_ffn_ranks, topology.num_attention_ranks,
+            spec.wire.hidden_size, self._cores[spec.role],
+        )  # fmt: skip
+
+
+class CamP2pAttentionEndpoint(AttentionEndpoint):
+    """Attention side of CAM P2P: announce each step, ``a2e`` per send, ``e2a`` per recv."""
+
+    def __init__(
+        self,
+        spec: RuntimeSpec,
+        ops: CamP2pOps,
+        announcer: StepAnnouncer,
+        groups: tuple[str, ...],
+    ) -> None:
+        self._spec, self._ops, self._announcer, self._groups = spec, ops, announcer, groups
+        self._fuse: Fuse = spec.fuse
+        self._layers = spec.wire.exchange_layers
+        self._step: ControlPayload | None = None
+        self._tokens: tuple[int, ...] = ()
+        #: Stage -> (layer, rows sent, atten_batch_size of their a2e).
+        self._in_flight: dict[int, tuple[int, torch.Tensor, torch.Tensor]] = {}
+        self._received = 0
+
+    @guarded
+    def begin_step(self, payload: ControlPayload) -> None:
+        """Announce ``payload``'s step; AFDProtocolError while the last one is unfinished."""
+        if self._step is not None and self._received != len(self._layers) * len(self._tokens):
+            raise AFDProtocolError(
+                f"AFD CAM P2P: attention rank {self._spec.role_rank} begins step "
+                f"{payload.step_id} with step {self._step.step_id} unfinished "
+                f"({self._received} of {len(self._layers) * len(self._tokens)} results "
+                "received); every step exchanges every layer in every stage"
+            )
+        tokens = payload.tokens_of(self._spec.role_rank)
+        if len(tokens) > len(self._groups):
+            raise AFDProtocolError(
+                f"AFD CAM P2P: step {payload.step_id} has {len(tokens)} stages, the connector "
+                f"opened op groups for {len(self._groups)}"
+            )
+        self._announcer.send(payload)
+        self._step, self._tokens, self._received = payload, tokens, 0
+        self._in_flight.clear()
+
+    @guarded
+    def send(
+        self,
+        layer: int,
+        stage: int,
+        hidden: torch.Tensor,
+        *,
+        router_logits: torch.Tensor | None = None,
+        routing: ExpertRouting | None = None,
+    ) -> None:
+        """``a2e`` of ``hidden`` (this stage's rows) to the FFN rank."""
+        self._check_exchange(layer, stage, hidden.shape[0])
+        if router_logits is not None or routing is not None:
+            raise AFDProtocolError(
+                "AFD CAM P2P: the gate runs on the FFN role; send no router logits or routing"
+            )
+        if stage in self._in_flight:
+            raise AFDProtocolError(
+                f"AFD CAM P2P: attention rank {self._spec.role_rank} sends layer {layer} "
+                f"stage {stage} before receiving layer {self._in_flight[stage][0]} of that "
+                "stage; call send() and recv() in pairs"
+            )
+        sizes = call_op(self._fuse, self._ops.attention_send, hidden, self._groups[stage])
+        self._in_flight[stage] = (layer, hidden, sizes)
+
+    @guarded
+    def recv(self, layer: int, stage: int) -> torch.Tensor:
+        """``e2a``: the FFN result of the rows this stage sent at ``layer``."""
+        sent = self._in_flight.pop(stage, None)
+        if sent is None or sent[0] != layer:
+            what = "nothing" if sent is None else f"layer {sent[0]}"
+            raise AFDProtocolError(
+                f"AFD CAM P2P: attention rank {self._spec.role_rank} asks for the result of "
+                f"layer {layer} stage {stage}, but sent {what} for that stage; call send() "
+                "and recv() in pairs"
+            )
+        _, hidden, sizes = sent
+        result = call_op(self._fuse, self._ops.attention_receive, hidden, sizes, self._groups[stage])
+        self._received += 1
+        return result
+
+    def _check_exchange(self, layer: int, stage: int, rows: int) -> None:
+        step = self._step
+        if step is None:
+            raise AFDProtocolError(
+                f"AFD CAM P2P: attention rank {self._spec.role_rank} exchanges layer {layer} "
+                "before any step began; call begin_step() first"
+            )
+        if layer not in self._layers or not 0 <= stage < len(self._tokens):
+            raise AFDProtocolError(
+                f"AFD CAM P2P: layer {layer} stage {stage} is not an exchange of step "
+                f"{step.step_id} (layers {self._layers}, {len(self._tokens)} stage(s))"
+            )
+        if rows != self._tokens[stage]:
+            raise AFDProtocolError(
+                f"AFD CAM P2P: step {step.step_id} announced {self._tokens[stage]} tokens in "
+                f"stage {stage}, layer {layer} sends {rows}"
+            )
+
+
+class CamP2pFFNEndpoint(FFNEndpoint):
+    """FFN side of CAM P2P: the announced steps, ``a2e`` per recv, ``e2a`` per send."""
+
+    def __init__(
+        self, spec: RuntimeSpec, ops: CamP2pOps, steps: StepSource, groups: tuple[str, ...]
+    ) -> None:
+        self._spec, self._ops, self._steps, self._groups = spec, ops, steps, groups
+        self._fuse: Fuse = spec.fuse
+        self._block = tuple(spec.topology.block_of(spec.role_rank))
+        #: Stage -> (layer, atten_batch_size of its a2e) until its send.
+        self._received: dict[int, tuple[int, torch.Tensor]] = {}
+
+    @guarded_until_closed
+    def next_step(self) -> FFNStep | None:
+        """The next announced step (None once closed)."""
+        step: FFNStep | None = self._steps.next_step()
+        if step is not None and step.num_stages > len(self._groups):
+            raise AFDProtocolError(
+                f"AFD CAM P2P: step {step.payloads[0].step_id} has {step.num_stages} stages, "
+                f"the connector opened op groups for {len(self._groups)}"
+            )
+        self._received.clear()
+        return step
+
+    @guarded
+    def recv(self, step: FFNStep, layer: int, stage: int) -> FFNLayerBatch:
+        """``a2e``: the rows of every attention rank of ``step`` in ``stage``."""
+        import torch
+
+        splits = step.stage_tokens(stage)
+        counts = dict(zip(step.attention_ranks, splits, strict=True))
+        expected = torch.tensor([counts.get(a, -1) for a in self._block], dtype=torch.int32)
+        dtype = getattr(torch, self._spec.wire.dtype)
+        hidden, sizes = call_op(
+            self._fuse, self._ops.ffn_receive, expected, sum(splits), dtype, self._groups[stage]
+        )
+        self._received[stage] = (layer, sizes)
+        return FFNLayerBatch(step=step, layer=layer, stage=stage, hidden=hidden, splits=splits)
+
+    @guarded
+    def send(self, batch: FFNLayerBatch, output: torch.Tensor) -> None:
+        """``e2a``: each attention rank of the batch gets its rows of ``output``."""
+        received = self._received.pop(batch.stage, None)
+        if received is None or received[0] != batch.layer:
+            raise AFDProtocolError(
+                f"AFD CAM P2P: FFN rank {self._spec.role_rank} sends layer {batch.layer} stage "
+                f"{batch.stage} without having received it; call recv() and send() in pairs"
+            )
+        call_op(self._fuse, self._ops.ffn_send, output, received[1], self._groups[batch.stage])
+
+
+def call_op(fuse: Fuse, op: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """``op(*args)``; an op woken by an interrupt raises the connector's failure when a
+    lost peer caused it (AFDShutdown only when the connector was closed)."""
+    try:
+        return op(*args, **kwargs)
+    except AFDShutdown:
+        fuse.check_failure()
+        raise
+
