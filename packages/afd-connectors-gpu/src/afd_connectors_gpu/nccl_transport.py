@@ -59,10 +59,8 @@ GRAPH_MIXING_ENV = "NCCL_GRAPH_MIXING_SUPPORT"
 class NcclTransport(Transport):
     """The transport contract over one NCCL group on the current CUDA device."""
 
-    blocking_waits: ClassVar[bool] = False
     ordered_pairs: ClassVar[bool] = True
     accepts_short_messages: ClassVar[bool] = False
-    capturable: ClassVar[bool] = True
 
     def __init__(self, group: object, device: torch.device) -> None:
         import torch

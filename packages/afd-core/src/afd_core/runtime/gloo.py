@@ -61,10 +61,8 @@ _MIN_WAIT = timedelta(milliseconds=1)
 class GlooTransport(Transport):
     """The transport contract over one gloo group; build it with :meth:`open`."""
 
-    blocking_waits: ClassVar[bool] = True
     ordered_pairs: ClassVar[bool] = False
     accepts_short_messages: ClassVar[bool] = True
-    capturable: ClassVar[bool] = False
 
     def __init__(
         self, group: ProcessGroupGloo, world_rank: int, world_size: int, tag: int = TAG_CONTROL
