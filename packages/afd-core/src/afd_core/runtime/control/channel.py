@@ -11,8 +11,10 @@
   a payload that arrives later goes into a later step.
 
 Frames have a fixed size (:data:`~afd_core.wire.CONTROL_FRAME_BYTES`), so a receive is
-always posted large enough. The channel's transport is its own process group, apart
-from the data plane's: control and data traffic never share a message stream.
+always posted large enough. The channel's transport need not have a process group of its
+own: on gloo the data plane shares it (the data transport is ``control.share(TAG_DATA)``,
+:mod:`afd_core.runtime.world`) under another tag, so control and data messages still
+never match each other's receives.
 """
 
 from __future__ import annotations
