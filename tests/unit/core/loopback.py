@@ -6,8 +6,8 @@ message of that peer when waited for. Like gloo, it refuses a message larger tha
 receive (gloo would abort the process) and accepts a shorter one;
 ``ExactLoopbackTransport`` accepts only a message of the receive's exact size, as NCCL
 does, so the endpoints' exact-size paths run on a CPU too; ``DeviceLoopbackTransport``
-also keeps its tensors in device memory and declares NCCL's rules (ordered pairs, waits
-that need ``synchronize``), so the endpoints' device paths (what NCCL takes: headers
+also keeps its tensors in device memory and declares NCCL's pairing rule (ordered
+pairs), so the endpoints' device paths (what NCCL takes: headers
 copied to the device, checked there once per step) run on one GPU without NCCL; messages
 still travel through host bytes. :data:`DATA_PLANES` names the three for parametrized
 tests. Closing a rank's transport wakes its own waits ("interrupted") and its peers'
@@ -130,10 +130,9 @@ class ExactLoopbackTransport(LoopbackTransport):
 
 
 class DeviceLoopbackTransport(ExactLoopbackTransport):
-    """An exact-size loopback in CUDA memory with NCCL's pairing and waiting rules."""
+    """An exact-size loopback in CUDA memory with NCCL's pairing rule."""
 
     ordered_pairs = True
-    blocking_waits = False
 
     def __init__(self, fabric: Fabric, world_rank: int, name: str) -> None:
         super().__init__(fabric, world_rank, name, "cuda")

@@ -134,11 +134,11 @@ def test_header_rejects_unknown_direction_or_dtype():
 
 
 def test_step_metadata_of_a_single_stage_forward():
-    meta = AFDStepMetadata.single_stage(5, 3, padded_tokens=4)
+    meta = AFDStepMetadata.single_stage(5, 3)
     assert meta.num_stages == 1
-    assert (meta.padded_lens, meta.unpadded_lens, meta.transaction_id) == ((4,), (3,), "afd-5")
-    with pytest.raises(ValueError, match="padded length 2 < unpadded length 3"):
-        AFDStepMetadata.single_stage(5, 3, padded_tokens=2)
+    assert (meta.step_id, meta.padded_lens, meta.stage_index) == (5, (3,), 0)
+    with pytest.raises(ValueError, match=r"negative token count in \(-1,\)"):
+        AFDStepMetadata.single_stage(5, -1)
 
 
 def test_control_payload_capturing_outside_a_graph_step_is_rejected():

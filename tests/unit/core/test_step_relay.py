@@ -1,8 +1,8 @@
 """FollowingRelay: which link serves each rank of a forwarded step, by seat generation.
 
-In-process loopback transports (tests/unit/core/loopback.py) carry the step frames from
+In-process loopback transports (tests/unit/core/loopback.py) carry the step messages from
 a stand-in leader; the follower's links are real ``BlockLinks`` of loopback worlds. A
-step frame's entry for generation *g* of a rank is served on the follower's link of
+step message's entry for generation *g* of a rank is served on the follower's link of
 generation *g*; with a later generation linked, the rank is absent (None); with an
 earlier one, the follower waits for the acceptor to link *g*, and fails naming the rank
 and generation when it never comes.
@@ -24,7 +24,7 @@ from afd_core.metadata import AFDDPMetadata, ControlPayload
 from afd_core.runtime.control.relay import FollowingRelay
 from afd_core.runtime.links import AttentionLink, BlockLinks
 from afd_core.runtime.world import World
-from afd_core.wire import encode_step_frame
+from afd_core.wire import encode_step_message
 from tests.unit.core.loopback import Fabric, LoopbackTransport
 
 TIMEOUT_S = 1.0
@@ -64,8 +64,8 @@ class Follower:
     def forward(self, step_id: int, *entries: tuple[int, int]) -> None:
         """The leader forwards a step of ``(attention rank, generation)`` entries."""
         payloads = tuple(ControlPayload(step_id, a, (AFDDPMetadata(a, (2,)),)) for a, _ in entries)
-        frame = encode_step_frame(payloads, tuple(g for _, g in entries), NUM_ATTENTION)
-        self.leader.post_send(torch.frombuffer(bytearray(frame), dtype=torch.uint8), 1)
+        message = encode_step_message(payloads, tuple(g for _, g in entries), NUM_ATTENTION)
+        self.leader.post_send(torch.frombuffer(bytearray(message), dtype=torch.uint8), 1)
 
     def close(self) -> None:
         self.fuse.close()

@@ -98,10 +98,9 @@ def test_describe_lists_each_ffn_rank_and_its_attention_ranks():
     assert "FFN 1 (world 1) serves: attention 2 (world 4)" in text
 
 
-def test_only_tp_rank_0_of_an_attention_rank_carries_traffic():
-    assert attention_role_rank(dp_rank=2, tp_rank=0, explicit_rank=None) == (2, True)
-    assert attention_role_rank(dp_rank=2, tp_rank=1, explicit_rank=None) == (2, False)
-    assert attention_role_rank(dp_rank=0, tp_rank=0, explicit_rank=4) == (4, True)
+def test_an_attention_rank_is_its_dp_rank_unless_role_rank_is_set():
+    assert attention_role_rank(dp_rank=2, explicit_rank=None) == 2
+    assert attention_role_rank(dp_rank=0, explicit_rank=4) == 4
 
 
 def test_every_ffn_worker_is_its_own_rank():

@@ -1,4 +1,4 @@
-"""Byte formats on the wire: control frames, headers and their checks, step assembly (pure)."""
+"""Byte formats on the wire: control messages, headers and their checks, step assembly (pure)."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ from afd_core.metadata import AFDDPMetadata, ControlPayload, TransferHeader
 from afd_core.runtime.control.assembler import StepAssembler
 from afd_core.topology import Topology
 from afd_core.wire import (
-    CONTROL_FRAME_BYTES,
+    CONTROL_MESSAGE_BYTES,
     HeaderCodec,
-    decode_control_frame,
-    decode_step_frame,
+    decode_control_message,
+    decode_step_message,
     describe_rank,
-    encode_control_frame,
-    encode_step_frame,
+    encode_control_message,
+    encode_step_message,
     raise_header_mismatch,
-    step_frame_bytes,
+    step_message_bytes,
 )
 
 WIRE = WireSpec(hidden_size=2048, dtype="bfloat16", num_exchange_layers=4)
@@ -40,27 +40,27 @@ def payload(rank: int, step: int, *counts: int, first: int | None = None) -> Con
     return ControlPayload(step, rank, tuple(AFDDPMetadata(first, (n,)) for n in counts))
 
 
-def test_control_frames_have_a_fixed_size_and_round_trip():
+def test_control_messages_have_a_fixed_size_and_round_trip():
     p = payload(3, 11, 5, 0)
-    frame = encode_control_frame(p)
-    assert len(frame) == CONTROL_FRAME_BYTES
-    assert decode_control_frame(frame) == p
+    message = encode_control_message(p)
+    assert len(message) == CONTROL_MESSAGE_BYTES
+    assert decode_control_message(message) == p
 
 
-def test_a_payload_too_large_for_a_frame_is_refused_before_sending():
+def test_a_payload_too_large_for_a_control_message_is_refused_before_sending():
     big = ControlPayload(0, 0, (AFDDPMetadata(0, tuple(range(200))),))
     with pytest.raises(AFDProtocolError, match="send the counts of this rank only"):
-        encode_control_frame(big)
+        encode_control_message(big)
 
 
-def test_frames_of_wrong_size_or_impossible_length_are_rejected():
-    frame = encode_control_frame(payload(0, 0, 1))
-    with pytest.raises(AFDProtocolError, match="frame is 511 bytes"):
-        decode_control_frame(frame[:-1])
+def test_control_messages_of_wrong_size_or_impossible_length_are_rejected():
+    message = encode_control_message(payload(0, 0, 1))
+    with pytest.raises(AFDProtocolError, match="control message is 511 bytes"):
+        decode_control_message(message[:-1])
     with pytest.raises(AFDProtocolError, match="announces a 0-byte payload"):
-        decode_control_frame(b"\0" * CONTROL_FRAME_BYTES)
+        decode_control_message(b"\0" * CONTROL_MESSAGE_BYTES)
     with pytest.raises(AFDProtocolError, match="bad magic"):
-        decode_control_frame(frame[:8] + b"XXXX" + frame[12:])
+        decode_control_message(message[:8] + b"XXXX" + message[12:])
 
 
 @pytest.mark.parametrize("wire", [WIRE, GATE, DENSE_FIRST])
@@ -159,20 +159,20 @@ def test_a_payload_of_a_whole_dp_group_yields_this_ranks_counts():
     assert assembler.assemble({1: group}).tokens == ((6,),)
 
 
-def test_step_frames_carry_every_payload_of_a_step_and_its_generation_in_a_fixed_size():
+def test_step_messages_carry_every_payload_of_a_step_and_its_generation_in_a_fixed_size():
     payloads = (payload(0, 4, 3), payload(2, 9, 1, 2))
-    frame = encode_step_frame(payloads, (0, 7), 3)
-    assert len(frame) == step_frame_bytes(3) == 8 + 3 * (8 + CONTROL_FRAME_BYTES)
-    assert decode_step_frame(frame, 3) == ((payloads[0], 0), (payloads[1], 7))
+    message = encode_step_message(payloads, (0, 7), 3)
+    assert len(message) == step_message_bytes(3) == 8 + 3 * (8 + CONTROL_MESSAGE_BYTES)
+    assert decode_step_message(message, 3) == ((payloads[0], 0), (payloads[1], 7))
 
 
-def test_step_frames_of_another_size_count_or_generation_are_refused():
+def test_step_messages_of_another_size_count_or_generation_are_refused():
     with pytest.raises(ValueError, match="one generation per payload"):
-        encode_step_frame((payload(0, 0, 1),), (), 2)
+        encode_step_message((payload(0, 0, 1),), (), 2)
     with pytest.raises(AFDProtocolError, match="generation -1"):
-        decode_step_frame(encode_step_frame((payload(0, 0, 1),), (-1,), 2), 2)
-    frame = encode_step_frame((payload(0, 0, 1),), (0,), 2)
-    with pytest.raises(AFDProtocolError, match="step frame is"):
-        decode_step_frame(frame, 3)
+        decode_step_message(encode_step_message((payload(0, 0, 1),), (-1,), 2), 2)
+    message = encode_step_message((payload(0, 0, 1),), (0,), 2)
+    with pytest.raises(AFDProtocolError, match="step message is"):
+        decode_step_message(message, 3)
     with pytest.raises(AFDProtocolError, match="announces 0 payloads for 2"):
-        decode_step_frame(b"\0" * step_frame_bytes(2), 2)
+        decode_step_message(b"\0" * step_message_bytes(2), 2)

@@ -22,8 +22,7 @@ from typing import Any
 
 from afd_attention.session import AttentionSession
 from afd_core.errors import AFDError
-from afd_core.runtime import liveness
-from afd_core.workers.profiling import set_ranges_enabled, trace_prefix
+from afd_core.workers.profiling import busy, set_ranges_enabled, trace_prefix
 
 
 class AttentionWorkerMixin:
@@ -66,7 +65,7 @@ class AttentionWorkerMixin:
             return
         set_ranges_enabled(False)
         # Writing the trace holds the GIL for seconds: no heartbeat could go out.
-        with liveness.busy():
+        with busy():
             super().profile(is_start, profile_prefix, **kwargs)  # type: ignore[misc]
 
     def shutdown(self) -> None:

@@ -20,8 +20,8 @@ H200) that shape it:
 * ``abort()`` can block until torch's own timeout while CUDA graphs that captured the
   group's transfers still exist (seen on H200): it runs on a daemon thread, waited for at
   most :data:`ABORT_WAIT_S`.
-* ``NCCL_GRAPH_MIXING_SUPPORT`` defaults to 0 in this process (a graph of many p2p ops is
-  about 4x faster then, measured on two H200s: docs/cuda.md); that is safe only while
+* ``NCCL_GRAPH_MIXING_SUPPORT`` defaults to 0 in this process (a graph of many p2p ops
+  replays much faster then: docs/performance.md); that is safe only while
   captured and uncaptured operations of one communicator are never in flight together,
   which the connectors keep (an eager step first drains the replays still running).
 
@@ -59,10 +59,8 @@ GRAPH_MIXING_ENV = "NCCL_GRAPH_MIXING_SUPPORT"
 class NcclTransport(Transport):
     """The transport contract over one NCCL group on the current CUDA device."""
 
-    blocking_waits: ClassVar[bool] = False
     ordered_pairs: ClassVar[bool] = True
     accepts_short_messages: ClassVar[bool] = False
-    capturable: ClassVar[bool] = True
 
     def __init__(self, group: object, device: torch.device) -> None:
         import torch

@@ -157,7 +157,9 @@ class CamP2pAttentionEndpoint(AttentionEndpoint):
                 "and recv() in pairs"
             )
         _, hidden, sizes = sent
-        result = call_op(self._fuse, self._ops.attention_receive, hidden, sizes, self._groups[stage])
+        result = call_op(
+            self._fuse, self._ops.attention_receive, hidden, sizes, self._groups[stage]
+        )
         self._received += 1
         return result
 
@@ -239,4 +241,3 @@ def call_op(fuse: Fuse, op: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -
     except AFDShutdown:
         fuse.check_failure()
         raise
-

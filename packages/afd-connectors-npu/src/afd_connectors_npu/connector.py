@@ -42,7 +42,7 @@ class CAMP2pAFDConnector(Connector):
         if config.compute_gate_on_attention:
             raise AFDConfigError(
                 f"AFD config: {self.name} runs the MoE gate on the FFN role (its ops carry no "
-                'routing): it requires compute_gate_on_attention false; set '
+                "routing): it requires compute_gate_on_attention false; set "
                 '"compute_gate_on_attention": false'
             )
         super().__init__(config, role_rank, wire)

@@ -11,10 +11,8 @@ and says what to do. docs/configuration.md is the user-facing reference of every
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, cast
 
@@ -107,11 +105,6 @@ class AFDConfig:
             "connector_extra_config": dict(self.connector_extra_config),
         }
 
-    def compute_hash(self) -> str:
-        """A stable hash of everything that changes what a role compiles or runs."""
-        view = self.shared_view() | {"role": self.role}
-        return hashlib.sha256(json.dumps(view, sort_keys=True).encode()).hexdigest()[:16]
-
 
 def afd_config_from_vllm(
     vllm_config: Any,
@@ -144,8 +137,9 @@ def parse_afd_config(
     plugins' registry (``afd_core.registry.get_registry().connectors``). When
     ``expected_role`` is given, a config for the other role is an error ("AFD role
     mismatch"). The selected connector class is imported to parse
-    ``connector_extra_config`` strictly. Raises AFDConfigError for any invalid key or
-    value, AFDInstallError when the connector class cannot be loaded.
+    ``connector_extra_config`` strictly. A missing key takes the default of its
+    :class:`AFDConfig` field. Raises AFDConfigError for the first invalid key or value,
+    AFDInstallError when the connector class cannot be loaded.
     """
     values = _canonical_keys(
         to_mapping(
@@ -154,86 +148,83 @@ def parse_afd_config(
             'write it as {"role": "attention" or "ffn", "connector": NAME, ...}',
         )
     )
-    role = _parse_role(values)
-    if expected_role is not None and role != expected_role:
-        raise AFDConfigError(
-            f"AFD role mismatch: this worker runs the {expected_role} role but "
-            f'additional_config["afd"]["role"] is "{role}"; give each deployment the config '
-            f'of the role it runs ("role": "{expected_role}" here)'
-        )
+    role = _parse_role(values, expected_role)
     if connectors is None:
         from afd_core.registry import get_registry
 
         connectors = get_registry().connectors
     spec = _parse_connector(values, connectors)
     async_dp = _parse_async_dp(values, spec, connectors)
-    host = to_str(
-        "host",
-        values.get("host", "127.0.0.1"),
-        "set it to the address of FFN rank 0's node, e.g. 127.0.0.1",
-    )
-    port = to_int_in_range(
-        "port", values.get("port", 29600), 1, 65535, "pick a free TCP port in that range"
-    )
-    timeout_s = to_int_at_least(
-        "afd_process_group_timeout_s",
-        values.get("afd_process_group_timeout_s", 120),
-        1,
-        "give the seconds to wait for the other role, e.g. 120",
-    )
-    num_attention_ranks = to_int_at_least(
-        "num_attention_ranks",
-        values.get("num_attention_ranks", 1),
-        1,
-        "count the attention ranks (data-parallel groups) of the deployment",
-    )
-    num_ffn_ranks = to_int_at_least(
-        "num_ffn_ranks",
-        values.get("num_ffn_ranks", 1),
-        1,
-        "count the FFN ranks (FFN workers) of the deployment",
-    )
-    topology = _topology(num_attention_ranks, num_ffn_ranks, spec)
-    compute_gate = to_bool(
-        "compute_gate_on_attention", values.get("compute_gate_on_attention", False)
-    )
-    if spec.exchange == "expert" and not compute_gate:
-        raise AFDConfigError(
-            f"AFD config: connector {spec.name!r} routes every token to the FFN ranks that "
-            "hold its experts, so the router runs on the attention role: it requires "
-            'compute_gate_on_attention true, got false; set "compute_gate_on_attention": true'
-        )
-    role_rank = _parse_role_rank(values, role, topology)
-    ffn_cuda_graphs = to_int_at_least(
-        "ffn_cuda_graphs",
-        values.get("ffn_cuda_graphs", 128),
-        0,
-        "give the number of step shapes whose CUDA graph an FFN rank keeps (0: none)",
-    )
-    ffn_idle_limit_s = to_int_at_least(
-        "ffn_idle_limit_s",
-        values.get("ffn_idle_limit_s", 600),
-        0,
-        "give the seconds an FFN rank waits for new attention ranks after all of its own "
-        "left (0: it ends)",
-    )
-    extra = _parse_extra_config(values, spec)
+    host = to_str("host", _value(values, "host"), _HOST_ADVICE)
+    port = _parse_int(values, "port")
+    timeout_s = _parse_int(values, "afd_process_group_timeout_s")
+    topology = _parse_topology(values, spec)
+    # Arguments are evaluated in order: the connector's own parser (extra config) runs last.
     return AFDConfig(
         role=role,
         connector=spec.name,
         host=host,
         port=port,
-        num_attention_ranks=num_attention_ranks,
-        num_ffn_ranks=num_ffn_ranks,
+        num_attention_ranks=topology.num_attention_ranks,
+        num_ffn_ranks=topology.num_ffn_ranks,
         async_dp=async_dp,
         afd_process_group_timeout_s=timeout_s,
-        compute_gate_on_attention=compute_gate,
-        connector_extra_config=MappingProxyType(extra),
-        role_rank=role_rank,
-        ffn_cuda_graphs=ffn_cuda_graphs,
-        ffn_idle_limit_s=ffn_idle_limit_s,
+        compute_gate_on_attention=_parse_compute_gate(values, spec),
+        role_rank=_parse_role_rank(values, role, topology),
+        ffn_cuda_graphs=_parse_int(values, "ffn_cuda_graphs"),
+        ffn_idle_limit_s=_parse_int(values, "ffn_idle_limit_s"),
+        connector_extra_config=MappingProxyType(_parse_extra_config(values, spec)),
         exchange=spec.exchange,
     )
+
+
+_FIELDS = {f.name: f for f in fields(AFDConfig)}
+
+_HOST_ADVICE = "set it to the address of FFN rank 0's node, e.g. 127.0.0.1"
+
+#: The integer keys: (minimum, maximum or None, what to do when the value is outside).
+_INT_RULES: Mapping[str, tuple[int, int | None, str]] = MappingProxyType(
+    {
+        "port": (1, 65535, "pick a free TCP port in that range"),
+        "afd_process_group_timeout_s": (
+            1,
+            None,
+            "give the seconds to wait for the other role, e.g. 120",
+        ),
+        "num_attention_ranks": (
+            1,
+            None,
+            "count the attention ranks (data-parallel groups) of the deployment",
+        ),
+        "num_ffn_ranks": (1, None, "count the FFN ranks (FFN workers) of the deployment"),
+        "ffn_cuda_graphs": (
+            0,
+            None,
+            "give the number of step shapes whose CUDA graph an FFN rank keeps (0: none)",
+        ),
+        "ffn_idle_limit_s": (
+            0,
+            None,
+            "give the seconds an FFN rank waits for new attention ranks after all of its own "
+            "left (0: it ends)",
+        ),
+    }
+)
+
+
+def _value(values: Mapping[str, Any], key: str) -> Any:
+    """The raw value of ``key``, or its AFDConfig field's default when it is not set."""
+    if key in values:
+        return values[key]
+    default = _FIELDS[key]
+    return default.default_factory() if default.default is MISSING else default.default
+
+
+def _parse_int(values: Mapping[str, Any], key: str) -> int:
+    minimum, maximum, advice = _INT_RULES[key]
+    if maximum is None:
+        return to_int_at_least(key, _value(values, key), minimum, advice)
+    return to_int_in_range(key, _value(values, key), minimum, maximum, advice)
 
 
 def _canonical_keys(raw: Mapping[Any, Any]) -> dict[str, Any]:
@@ -262,18 +253,25 @@ def _canonical_keys(raw: Mapping[Any, Any]) -> dict[str, Any]:
     return values
 
 
-def _parse_role(values: Mapping[str, Any]) -> Role:
+def _parse_role(values: Mapping[str, Any], expected_role: Role | None) -> Role:
     if "role" not in values:
         raise AFDConfigError(
             'AFD config: role is missing; set "role" to "attention" (the deployment that '
             'serves requests) or "ffn" (the deployment that holds the MoE/MLP weights)'
         )
     role = values["role"]
-    if isinstance(role, str) and role in ROLES:
-        return cast("Role", role)
-    raise AFDConfigError(
-        f'AFD config: role must be "attention" or "ffn", got {show(role)}; set it to one of the two'
-    )
+    if not (isinstance(role, str) and role in ROLES):
+        raise AFDConfigError(
+            f'AFD config: role must be "attention" or "ffn", got {show(role)}; '
+            "set it to one of the two"
+        )
+    if expected_role is not None and role != expected_role:
+        raise AFDConfigError(
+            f"AFD role mismatch: this worker runs the {expected_role} role but "
+            f'additional_config["afd"]["role"] is "{role}"; give each deployment the config '
+            f'of the role it runs ("role": "{expected_role}" here)'
+        )
+    return cast("Role", role)
 
 
 def _parse_connector(
@@ -297,7 +295,7 @@ def _parse_connector(
 def _parse_async_dp(
     values: Mapping[str, Any], spec: ConnectorSpec, connectors: Mapping[str, ConnectorSpec]
 ) -> bool:
-    async_dp = to_bool("async_dp", values.get("async_dp", False))
+    async_dp = to_bool("async_dp", _value(values, "async_dp"))
     if async_dp and not spec.requires_async_dp:
         async_names = sorted(name for name, s in connectors.items() if s.requires_async_dp)
         choices = ", ".join(async_names) or "none registered"
@@ -313,7 +311,9 @@ def _parse_async_dp(
     return async_dp
 
 
-def _topology(num_attention_ranks: int, num_ffn_ranks: int, spec: ConnectorSpec) -> Topology:
+def _parse_topology(values: Mapping[str, Any], spec: ConnectorSpec) -> Topology:
+    num_attention_ranks = _parse_int(values, "num_attention_ranks")
+    num_ffn_ranks = _parse_int(values, "num_ffn_ranks")
     try:
         return Topology(num_attention_ranks, num_ffn_ranks, spec.exchange)
     except AFDConfigError as exc:
@@ -325,8 +325,19 @@ def _topology(num_attention_ranks: int, num_ffn_ranks: int, spec: ConnectorSpec)
         raise AFDConfigError(f"AFD config: {reason}") from exc
 
 
+def _parse_compute_gate(values: Mapping[str, Any], spec: ConnectorSpec) -> bool:
+    compute_gate = to_bool("compute_gate_on_attention", _value(values, "compute_gate_on_attention"))
+    if spec.exchange == "expert" and not compute_gate:
+        raise AFDConfigError(
+            f"AFD config: connector {spec.name!r} routes every token to the FFN ranks that "
+            "hold its experts, so the router runs on the attention role: it requires "
+            'compute_gate_on_attention true, got false; set "compute_gate_on_attention": true'
+        )
+    return compute_gate
+
+
 def _parse_role_rank(values: Mapping[str, Any], role: Role, topology: Topology) -> int | None:
-    value = values.get("role_rank")
+    value = _value(values, "role_rank")
     if value is None:
         return None
     count = topology.num_ranks(role)
@@ -344,7 +355,7 @@ def _parse_role_rank(values: Mapping[str, Any], role: Role, topology: Topology) 
 def _parse_extra_config(values: Mapping[str, Any], spec: ConnectorSpec) -> dict[str, Any]:
     extra = to_mapping(
         "connector_extra_config",
-        values.get("connector_extra_config", {}),
+        _value(values, "connector_extra_config"),
         f"put {spec.name}'s own settings in a JSON object ({{}} for none)",
     )
     cls = spec.load()

@@ -108,19 +108,9 @@ class FFNStep:
         return len(self.tokens[0])
 
     @property
-    def is_warmup(self) -> bool:
-        """Any taking part rank runs a warm-up forward."""
-        return any(p.is_warmup for p in self.payloads)
-
-    @property
     def is_graph_capturing(self) -> bool:
         """Any taking part rank captures a CUDA graph."""
         return any(p.is_graph_capturing for p in self.payloads)
-
-    @property
-    def is_profile(self) -> bool:
-        """Any taking part rank runs a profiling forward."""
-        return any(p.is_profile for p in self.payloads)
 
     @property
     def is_graph_step(self) -> bool:

@@ -31,36 +31,24 @@ _DIRECTION_NAMES = {code: name for name, code in DIRECTIONS.items()}
 class AFDStepMetadata:
     """What the attention model needs to know about the current forward (one step).
 
-    Token and request starts are cumulative offsets per stage (micro-batch); a forward
-    without micro-batching has one stage. ``padded_lens`` are the token counts sent on the
-    wire (equal to ``unpadded_lens`` unless a CUDA graph pads the batch).
+    ``padded_lens[s]`` is the token count of stage (micro-batch) ``s`` as exchanged with
+    the FFN role (a CUDA graph's padded batch size when a graph runs the forward);
+    ``stage_index`` is the stage this forward runs. A forward without micro-batching has
+    one stage.
     """
 
     step_id: int
-    stage_token_starts: tuple[int, ...]
-    stage_request_starts: tuple[int, ...]
     padded_lens: tuple[int, ...]
-    unpadded_lens: tuple[int, ...]
     stage_index: int = 0
-    transaction_id: str = ""
 
     def __post_init__(self) -> None:
         n = len(self.padded_lens)
         if n == 0:
             raise ValueError("AFDStepMetadata needs at least one stage")
-        for name in ("stage_token_starts", "stage_request_starts", "unpadded_lens"):
-            if len(getattr(self, name)) != n:
-                raise ValueError(
-                    f"AFDStepMetadata.{name} has {len(getattr(self, name))} entries, "
-                    f"expected one per stage ({n})"
-                )
         if not 0 <= self.stage_index < n:
             raise ValueError(f"AFDStepMetadata.stage_index {self.stage_index} not in 0..{n - 1}")
-        for padded, unpadded in zip(self.padded_lens, self.unpadded_lens, strict=True):
-            if unpadded < 0 or padded < unpadded:
-                raise ValueError(
-                    f"AFDStepMetadata: padded length {padded} < unpadded length {unpadded}"
-                )
+        if any(tokens < 0 for tokens in self.padded_lens):
+            raise ValueError(f"AFDStepMetadata: negative token count in {self.padded_lens}")
 
     @property
     def num_stages(self) -> int:
@@ -68,19 +56,9 @@ class AFDStepMetadata:
         return len(self.padded_lens)
 
     @classmethod
-    def single_stage(
-        cls, step_id: int, num_tokens: int, num_reqs: int = 0, padded_tokens: int | None = None
-    ) -> AFDStepMetadata:
+    def single_stage(cls, step_id: int, num_tokens: int) -> AFDStepMetadata:
         """Metadata for a forward of ``num_tokens`` tokens without micro-batching."""
-        padded = num_tokens if padded_tokens is None else padded_tokens
-        return cls(
-            step_id=step_id,
-            stage_token_starts=(0,),
-            stage_request_starts=(0,),
-            padded_lens=(padded,),
-            unpadded_lens=(num_tokens,),
-            transaction_id=f"afd-{step_id}",
-        )
+        return cls(step_id=step_id, padded_lens=(num_tokens,))
 
 
 @dataclass(frozen=True)
@@ -102,11 +80,6 @@ class AFDDPMetadata:
                 f"{self.first_rank + len(self.num_tokens) - 1}, not {attention_rank}"
             )
         return self.num_tokens[i]
-
-    @property
-    def max_tokens(self) -> int:
-        """The largest count of the group."""
-        return max(self.num_tokens)
 
 
 @dataclass(frozen=True)

@@ -180,16 +180,15 @@ class Topology:
         return "\n".join(lines)
 
 
-def attention_role_rank(dp_rank: int, tp_rank: int, explicit_rank: int | None) -> tuple[int, bool]:
-    """Role rank of an attention worker and whether it carries AFD traffic.
+def attention_role_rank(dp_rank: int, explicit_rank: int | None) -> int:
+    """Role rank of an attention worker: its data-parallel rank.
 
-    An attention rank is one data-parallel group: its tensor-parallel ranks hold the same
-    tokens, so only TP rank 0 talks to FFN (no duplicate sends); the others receive the
-    FFN result from it inside their TP group. ``explicit_rank`` (the config's
-    ``role_rank``) replaces the DP rank for deployments started as separate servers.
+    An attention rank is one data-parallel group (its tensor-parallel ranks would hold
+    the same tokens and share the rank; the role workers accept tensor parallel size 1
+    only). ``explicit_rank`` (the config's ``role_rank``) replaces the DP rank for
+    deployments started as separate servers.
     """
-    rank = dp_rank if explicit_rank is None else explicit_rank
-    return rank, tp_rank == 0
+    return dp_rank if explicit_rank is None else explicit_rank
 
 
 def ffn_role_rank(dp_rank: int, tp_size: int, tp_rank: int, explicit_rank: int | None) -> int:

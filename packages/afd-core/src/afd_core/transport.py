@@ -13,10 +13,10 @@ these operations:
   receive from it).
 * :meth:`Transport.wait` waits for one transfer until a deadline (``time.monotonic()``;
   None: no deadline). Afterwards the caller may use the tensor on its current stream.
-  A transport with :attr:`~Transport.blocking_waits` blocks the host until the data is
-  there; a stream-ordered one (NCCL) only orders the caller's stream after the transfer
-  and leaves the host free: :meth:`Transport.synchronize` then waits on the host, with a
-  deadline, for everything posted so far.
+  A host-memory transport (gloo) blocks the host until the data is there; a
+  stream-ordered one (NCCL) only orders the caller's stream after the transfer and leaves
+  the host free: :meth:`Transport.synchronize` then waits on the host, with a deadline,
+  for everything posted so far.
 * :meth:`Transport.lane` gives a :class:`Lane`: the same posts and waits with one peer,
   for the endpoints' per-layer hot path, with what the transport needs about the peer
   (its tags, the wait limit in the library's form) worked out once.
@@ -79,20 +79,15 @@ class Transport(ABC):
 
     Class attributes describe what the endpoints may rely on:
 
-    * ``blocking_waits``: :meth:`wait` returns only once the data has arrived on the host
-      (gloo); False for stream-ordered transports (NCCL), see :meth:`synchronize`;
     * ``ordered_pairs``: a pair's operations run strictly in posting order, sends and
       receives together (NCCL: a receive posted before a send to the same peer blocks
       that send), so an endpoint must post what its peer waits for first;
     * ``accepts_short_messages``: a receive may be posted larger than the message that
-      fills it (gloo); False when sizes must match exactly (NCCL);
-    * ``capturable``: posts and waits may be recorded in a CUDA graph.
+      fills it (gloo); False when sizes must match exactly (NCCL).
     """
 
-    blocking_waits: ClassVar[bool] = True
     ordered_pairs: ClassVar[bool] = False
     accepts_short_messages: ClassVar[bool] = False
-    capturable: ClassVar[bool] = False
 
     @property
     @abstractmethod
@@ -134,7 +129,8 @@ class Transport(ABC):
     def synchronize(self, deadline: float) -> None:
         """Block the host until every transfer posted so far is complete.
 
-        A no-op for transports with ``blocking_waits``; raises like :meth:`wait`.
+        A no-op for transports whose :meth:`wait` blocks the host until the data is there
+        (the default); raises like :meth:`wait`.
         """
         return None
 

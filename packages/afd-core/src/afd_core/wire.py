@@ -1,17 +1,24 @@
 """Byte formats the endpoints put on a transport (pure Python, no torch).
 
-* **Control frames** (attention -> FFN, once per step): one fixed-size frame of
-  :data:`CONTROL_FRAME_BYTES`: an int64 length, the
+* **Control messages** (attention -> FFN, once per step): one fixed-size message of
+  :data:`CONTROL_MESSAGE_BYTES`: an int64 length, the
   :class:`~afd_core.metadata.ControlPayload` bytes, zero padding.
+* **Step messages** (expert-routed: FFN rank 0 -> the other FFN ranks, once per step): the
+  step's control messages, each with the seat generation of its sender, in a fixed size.
 * **Data headers**: every eager data message is a 64-byte
   :class:`~afd_core.metadata.TransferHeader` message followed by its body messages (bare
-  tensors). :class:`HeaderCodec` writes headers straight into a header buffer and builds
-  the bytes a receiver expects; :func:`raise_header_mismatch` explains a difference.
+  tensors), or a *frame*: one message holding the header and then the tensors.
+  :class:`HeaderCodec` writes headers straight into a header buffer and builds the bytes
+  a receiver expects; :func:`raise_header_mismatch` explains a difference.
 
-Both sides know every message size before it arrives (a fixed control frame, token
-counts announced by the control payload, the :class:`~afd_core.connector.WireSpec` they
-agreed on at rendezvous), except the routed row counts of expert-routed messages, which
-the header itself carries. ``docs/wire-protocol.md`` describes the whole protocol.
+Words (``docs/wire-protocol.md`` section 2): a *message* is one send on a transport;
+*control* and *step messages* are the fixed-size ones above; a *header message* is a
+header sent alone, followed by its *body*; a *frame* is one data message that holds its
+header and then its tensors. Both sides know every message size before it arrives (the
+fixed sizes, token counts announced by the control payload, the
+:class:`~afd_core.connector.WireSpec` they agreed on at rendezvous), except the routed
+row counts of expert-routed messages, which the header itself carries.
+``docs/wire-protocol.md`` describes the whole protocol.
 """
 
 from __future__ import annotations
@@ -26,8 +33,8 @@ if TYPE_CHECKING:
     from afd_core.connector import WireSpec
     from afd_core.topology import Role, Topology
 
-#: Size of every control frame: an int64 length, the payload, zero padding.
-CONTROL_FRAME_BYTES = 512
+#: Size of every control message: an int64 length, the payload, zero padding.
+CONTROL_MESSAGE_BYTES = 512
 _LENGTH = struct.Struct("<q")
 
 #: Bytes per element of each wire dtype.
@@ -38,92 +45,96 @@ ROUTING_ID_DTYPE = "int32"
 ROUTING_WEIGHT_DTYPE = "float32"
 
 
-def encode_control_frame(payload: ControlPayload) -> bytes:
-    """The fixed-size frame carrying ``payload``.
+def encode_control_message(payload: ControlPayload) -> bytes:
+    """The fixed-size control message carrying ``payload``.
 
     Raises AFDProtocolError when the payload does not fit (more than 119 token counts:
     stages times ranks).
     """
     body = payload.encode()
-    if _LENGTH.size + len(body) > CONTROL_FRAME_BYTES:
+    if _LENGTH.size + len(body) > CONTROL_MESSAGE_BYTES:
         raise AFDProtocolError(
             f"AFD control: payload of step {payload.step_id} is {len(body)} bytes "
             f"({len(payload.stages)} stages x {len(payload.stages[0].num_tokens)} ranks); a "
-            f"control frame holds at most {CONTROL_FRAME_BYTES - _LENGTH.size}; send the "
+            f"control message holds at most {CONTROL_MESSAGE_BYTES - _LENGTH.size}; send the "
             "counts of this rank only, or fewer stages"
         )
-    return (_LENGTH.pack(len(body)) + body).ljust(CONTROL_FRAME_BYTES, b"\0")
+    return (_LENGTH.pack(len(body)) + body).ljust(CONTROL_MESSAGE_BYTES, b"\0")
 
 
-def decode_control_frame(frame: bytes) -> ControlPayload:
-    """Parse a frame made by :func:`encode_control_frame`; AFDProtocolError otherwise."""
-    if len(frame) != CONTROL_FRAME_BYTES:
+def decode_control_message(message: bytes) -> ControlPayload:
+    """Parse a message made by :func:`encode_control_message`; AFDProtocolError otherwise."""
+    if len(message) != CONTROL_MESSAGE_BYTES:
         raise AFDProtocolError(
-            f"AFD control: frame is {len(frame)} bytes, expected {CONTROL_FRAME_BYTES}"
+            f"AFD control: control message is {len(message)} bytes, expected "
+            f"{CONTROL_MESSAGE_BYTES}"
         )
-    (length,) = _LENGTH.unpack_from(frame)
-    if not 0 < length <= CONTROL_FRAME_BYTES - _LENGTH.size:
+    (length,) = _LENGTH.unpack_from(message)
+    if not 0 < length <= CONTROL_MESSAGE_BYTES - _LENGTH.size:
         raise AFDProtocolError(
-            f"AFD control: frame announces a {length}-byte payload (a frame holds at most "
-            f"{CONTROL_FRAME_BYTES - _LENGTH.size}); the peer does not speak this protocol"
+            f"AFD control: control message announces a {length}-byte payload (it holds at "
+            f"most {CONTROL_MESSAGE_BYTES - _LENGTH.size}); the peer does not speak this "
+            "protocol"
         )
-    return ControlPayload.decode(bytes(frame[_LENGTH.size : _LENGTH.size + length]))
+    return ControlPayload.decode(bytes(message[_LENGTH.size : _LENGTH.size + length]))
 
 
-#: One payload's entry in a step frame: the seat generation of its sender, its frame.
-STEP_ENTRY_BYTES = _LENGTH.size + CONTROL_FRAME_BYTES
+#: One payload's entry in a step message: the seat generation of its sender, its control
+#: message.
+STEP_ENTRY_BYTES = _LENGTH.size + CONTROL_MESSAGE_BYTES
 
 
-def step_frame_bytes(num_attention_ranks: int) -> int:
-    """Size of a step frame (:func:`encode_step_frame`) of a world of that many attention ranks."""
+def step_message_bytes(num_attention_ranks: int) -> int:
+    """Size of a step message (:func:`encode_step_message`) of a world of that many attention
+    ranks."""
     return _LENGTH.size + num_attention_ranks * STEP_ENTRY_BYTES
 
 
-def encode_step_frame(
+def encode_step_message(
     payloads: tuple[ControlPayload, ...],
     generations: tuple[int, ...],
     num_attention_ranks: int,
 ) -> bytes:
     """One step's payloads as FFN rank 0 forwards them: a count, then per payload the
     seat generation of the server that sent it (:mod:`afd_core.runtime.seats`; 0 in a world
-    whose attention ranks are never replaced) and its control frame, zero padding to
-    :func:`step_frame_bytes`."""
+    whose attention ranks are never replaced) and its control message, zero padding to
+    :func:`step_message_bytes`."""
     if len(generations) != len(payloads):
-        raise ValueError("encode_step_frame: one generation per payload")
+        raise ValueError("encode_step_message: one generation per payload")
     pairs = zip(payloads, generations, strict=True)
-    entries = b"".join(_LENGTH.pack(g) + encode_control_frame(p) for p, g in pairs)
+    entries = b"".join(_LENGTH.pack(g) + encode_control_message(p) for p, g in pairs)
     return (_LENGTH.pack(len(payloads)) + entries).ljust(
-        step_frame_bytes(num_attention_ranks), b"\0"
+        step_message_bytes(num_attention_ranks), b"\0"
     )
 
 
-def decode_step_frame(
-    frame: bytes, num_attention_ranks: int
+def decode_step_message(
+    message: bytes, num_attention_ranks: int
 ) -> tuple[tuple[ControlPayload, int], ...]:
-    """Parse :func:`encode_step_frame` output into ``(payload, generation)`` pairs;
+    """Parse :func:`encode_step_message` output into ``(payload, generation)`` pairs;
     AFDProtocolError for anything else."""
-    if len(frame) != step_frame_bytes(num_attention_ranks):
+    if len(message) != step_message_bytes(num_attention_ranks):
         raise AFDProtocolError(
-            f"AFD control: step frame is {len(frame)} bytes, expected "
-            f"{step_frame_bytes(num_attention_ranks)}"
+            f"AFD control: step message is {len(message)} bytes, expected "
+            f"{step_message_bytes(num_attention_ranks)}"
         )
-    (count,) = _LENGTH.unpack_from(frame)
+    (count,) = _LENGTH.unpack_from(message)
     if not 0 < count <= num_attention_ranks:
         raise AFDProtocolError(
-            f"AFD control: step frame announces {count} payloads for {num_attention_ranks} "
+            f"AFD control: step message announces {count} payloads for {num_attention_ranks} "
             "attention ranks; the peer does not speak this protocol"
         )
     entries = []
     for i in range(count):
         start = _LENGTH.size + i * STEP_ENTRY_BYTES
-        (generation,) = _LENGTH.unpack_from(frame, start)
+        (generation,) = _LENGTH.unpack_from(message, start)
         if generation < 0:
             raise AFDProtocolError(
-                f"AFD control: step frame names seat generation {generation}; the peer does "
+                f"AFD control: step message names seat generation {generation}; the peer does "
                 "not speak this protocol"
             )
-        body = frame[start + _LENGTH.size : start + STEP_ENTRY_BYTES]
-        entries.append((decode_control_frame(body), generation))
+        body = message[start + _LENGTH.size : start + STEP_ENTRY_BYTES]
+        entries.append((decode_control_message(body), generation))
     return tuple(entries)
 
 

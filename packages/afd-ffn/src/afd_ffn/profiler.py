@@ -30,8 +30,7 @@ import torch
 from vllm.config import ProfilerConfig
 from vllm.profiler.wrapper import WorkerProfiler
 
-from afd_core.runtime import liveness
-from afd_core.workers.profiling import set_ranges_enabled
+from afd_core.workers.profiling import busy, set_ranges_enabled
 
 
 class FFNTorchProfiler(WorkerProfiler):
@@ -92,7 +91,7 @@ class FFNTorchProfiler(WorkerProfiler):
         set_ranges_enabled(False)
         if self.profiler is not None:
             # Writing the trace holds the GIL for seconds: no heartbeat could go out.
-            with liveness.busy():
+            with busy():
                 self.profiler.stop()  # writes the trace (on_trace_ready)
 
     def _profiler_step(self) -> bool:

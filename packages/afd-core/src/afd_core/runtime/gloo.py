@@ -2,7 +2,7 @@
 
 One gloo group per transport, created directly on a ``PrefixStore`` of the rendezvous
 session (never torch's default group). Facts of gloo in torch 2.13 that shape it
-(measured; see ``docs/wire-protocol.md`` section 4):
+(observed; ``docs/wire-protocol.md`` section 5):
 
 * a send/recv ``Work`` reports ``is_completed()`` only after ``wait()`` returned, so
   completion cannot be polled: a wait blocks in ``wait(timeout)`` (the GIL is released
@@ -20,7 +20,7 @@ session (never torch's default group). Facts of gloo in torch 2.13 that shape it
 * a send completes once the peer has posted the matching receive: pre-posting receives
   saves a handshake;
 * a receive and a send pending on one pair under the same tag are slower than under two
-  tags (measured round trip of 32 KiB each way: 111 to 145 µs against 94 µs).
+  tags (``docs/performance.md``).
 
 Messages of one transport and direction use one tag (the transport's tag, with
 :data:`TAG_UPWARD` set for messages from a higher to a lower world rank), so a pair's
@@ -28,8 +28,8 @@ messages match in posting order and the two directions never share a tag; a
 second transport may share the group under another tag (:meth:`GlooTransport.share`),
 which is how the reference connector runs its control channel and data plane on one
 group: a second group doubles the gloo I/O threads and TCP connections of every rank,
-and on a 2-core host their wake-ups cost more than the messages themselves (measured:
-docs/performance.md).
+and on a 2-core host their wake-ups cost more than the messages themselves
+(``docs/performance.md``).
 """
 
 from __future__ import annotations
@@ -63,10 +63,8 @@ _MIN_WAIT = timedelta(milliseconds=1)
 class GlooTransport(Transport):
     """The transport contract over one gloo group; build it with :meth:`open`."""
 
-    blocking_waits: ClassVar[bool] = True
     ordered_pairs: ClassVar[bool] = False
     accepts_short_messages: ClassVar[bool] = True
-    capturable: ClassVar[bool] = False
 
     def __init__(
         self, group: ProcessGroupGloo, world_rank: int, world_size: int, tag: int = TAG_CONTROL

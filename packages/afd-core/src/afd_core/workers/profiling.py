@@ -22,6 +22,11 @@ range                       role      what it covers
 Each range also carries the layer in its name (``afd.ffn.compute.L3``) where there is
 one, so per-layer costs can be told apart. Platform independent: torch is imported only
 when ranges are switched on.
+
+Writing a trace holds the GIL for seconds, so no heartbeat of the process goes out: a
+role worker writes it inside :func:`busy` (the busy spell of
+:func:`afd_core.runtime.liveness.busy`, public here so that role packages import no
+runtime module), and its AFD peers tolerate the silence up to the AFD timeout.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from __future__ import annotations
 import contextlib
 from contextlib import AbstractContextManager
 from typing import Any
+
+from afd_core.runtime.liveness import busy as busy
 
 ATTENTION_BEGIN = "afd.attention.begin"
 ATTENTION_SEND = "afd.attention.send"

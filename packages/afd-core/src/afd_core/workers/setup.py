@@ -60,7 +60,7 @@ def resolve_role_rank(config: AFDConfig, parallel_config: Any, tp_rank: int = 0)
     check_parallel_layout(config, parallel_config)
     dp_rank = parallel_config.data_parallel_rank
     if config.role == "attention":
-        rank, _talks_to_ffn = attention_role_rank(dp_rank, tp_rank, config.role_rank)
+        rank = attention_role_rank(dp_rank, config.role_rank)
     else:
         rank = ffn_role_rank(
             dp_rank, parallel_config.tensor_parallel_size, tp_rank, config.role_rank

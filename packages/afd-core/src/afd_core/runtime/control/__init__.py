@@ -3,7 +3,7 @@
 * :mod:`~afd_core.runtime.control.assembler`: :class:`StepAssembler` turns the payloads an FFN
   rank holds into one :class:`~afd_core.connector.FFNStep` (pure Python);
 * :mod:`~afd_core.runtime.control.channel`: :class:`ControlSender` (attention side: one fixed-size
-  frame per step) and :class:`ControlInbox` (FFN side: one receiver thread per attention
+  control message per step) and :class:`ControlInbox` (FFN side: one receiver thread per attention
   rank, steps formed from whatever is queued), over any
   :class:`~afd_core.transport.Transport` in host memory;
 * :mod:`~afd_core.runtime.control.relay`: :class:`LeadingRelay` and :class:`FollowingRelay` for

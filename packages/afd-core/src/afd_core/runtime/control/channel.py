@@ -1,18 +1,20 @@
-"""The control channel over a host-memory transport: one fixed-size frame per step.
+"""The control channel over a host-memory transport: one fixed-size message per step.
 
 * :class:`ControlSender` (attention side): writes the step's
-  :class:`~afd_core.metadata.ControlPayload` into a frame and sends it to the FFN rank(s)
+  :class:`~afd_core.metadata.ControlPayload` into a control message and sends it to the FFN rank(s)
   that receive this rank's steps, waiting at most ``afd_process_group_timeout_s``.
 * :class:`ControlInbox` (FFN side): one daemon thread per attention rank posts a receive
-  of one frame, waits for it without a deadline (an idle attention role is normal),
+  of one control message, waits for it without a deadline (an idle attention role is normal),
   decodes it, queues the payload and posts the next receive. :meth:`ControlInbox.next_step`
   waits until at least one rank has a payload, takes one payload of every rank that has
   one at that moment and assembles them into one :class:`~afd_core.connector.FFNStep`;
   a payload that arrives later goes into a later step.
 
-Frames have a fixed size (:data:`~afd_core.wire.CONTROL_FRAME_BYTES`), so a receive is
-always posted large enough. The channel's transport is its own process group, apart
-from the data plane's: control and data traffic never share a message stream.
+Control messages have a fixed size (:data:`~afd_core.wire.CONTROL_MESSAGE_BYTES`), so a receive is
+always posted large enough. The channel's transport need not have a process group of its
+own: on gloo the data plane shares it (the data transport is ``control.share(TAG_DATA)``,
+:mod:`afd_core.runtime.world`) under another tag, so control and data messages still
+never match each other's receives.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from afd_core.errors import AFDError, AFDProtocolError
 from afd_core.failures import Fuse, PeerFailures, guarded, guarded_until_closed
 from afd_core.runtime.control.assembler import StepAssembler
 from afd_core.transport import TransferFailed, Transport
-from afd_core.wire import CONTROL_FRAME_BYTES, decode_control_frame, encode_control_frame
+from afd_core.wire import CONTROL_MESSAGE_BYTES, decode_control_message, encode_control_message
 
 if TYPE_CHECKING:
     from afd_core.connector import FFNStep
@@ -41,13 +43,13 @@ NEXT_PAYLOAD = "the next control payload"
 LOST_RECEIVER_JOIN_S = 2.0
 
 
-def host_frame(transport: Transport, nbytes: int = CONTROL_FRAME_BYTES) -> tuple[object, int]:
-    """A zeroed frame buffer of ``transport`` and its address (host memory)."""
-    frame = transport.allocate(nbytes)
-    frame.zero_()
-    if frame.device.type != "cpu":
+def host_buffer(transport: Transport, nbytes: int = CONTROL_MESSAGE_BYTES) -> tuple[object, int]:
+    """A zeroed buffer of ``transport`` for a fixed-size message, and its address (host memory)."""
+    buffer = transport.allocate(nbytes)
+    buffer.zero_()
+    if buffer.device.type != "cpu":
         raise ValueError("AFD control: the control channel needs a host-memory transport")
-    return frame, frame.data_ptr()
+    return buffer, buffer.data_ptr()
 
 
 class ControlSender:
@@ -66,29 +68,29 @@ class ControlSender:
         self._timeout_s = timeout_s
         self._fuse = fuse
         self._failures = failures
-        self._frame, self._addr = host_frame(transport)
+        self._buffer, self._addr = host_buffer(transport)
 
     @guarded
     def send(self, payload: ControlPayload) -> None:
         """Send ``payload``; returns once every peer received it (bounded by the timeout).
 
-        Raises AFDProtocolError for a payload too large for a frame, AFDPeerError when a
-        peer is gone or does not take the frame in time.
+        Raises AFDProtocolError for a payload too large for a control message,
+        AFDPeerError when a peer is gone or does not take the message in time.
         """
-        data = encode_control_frame(payload)
+        data = encode_control_message(payload)
         ctypes.memmove(self._addr, data, len(data))
         deadline = time.monotonic() + self._timeout_s
         doing = f"the control payload of step {payload.step_id}"
         try:
             for peer in self._peers:
-                self._transport.wait(self._transport.post_send(self._frame, peer), deadline)
+                self._transport.wait(self._transport.post_send(self._buffer, peer), deadline)
         except TransferFailed as exc:
             raise self._failures.error(exc, doing) from None
 
 
 @dataclass(frozen=True)
 class _Receiver:
-    """The thread receiving one attention rank's control frames, and its link."""
+    """The thread receiving one attention rank's control messages, and its link."""
 
     link: AttentionLink
     thread: threading.Thread
@@ -225,11 +227,11 @@ class ControlInbox:
 
     def _receive(self, link: AttentionLink) -> None:
         transport, peer = link.control, link.peer
-        frame, addr = host_frame(transport)
+        buffer, addr = host_buffer(transport)
         try:
             while not self._fuse.closed:
-                transport.wait(transport.post_recv(frame, peer), None)
-                payload = decode_control_frame(ctypes.string_at(addr, CONTROL_FRAME_BYTES))
+                transport.wait(transport.post_recv(buffer, peer), None)
+                payload = decode_control_message(ctypes.string_at(addr, CONTROL_MESSAGE_BYTES))
                 with self._cond:
                     self._queues[link.rank].append(payload)
                     self._cond.notify_all()

@@ -6,18 +6,18 @@ payloads it happens to hold), one could batch attention ranks 0 and 1 while anot
 serves rank 0 alone, and each would wait for a message the other's attention rank cannot
 send yet: a deadlock. So the attention ranks send their payloads to FFN rank 0 only
 (the *leader*), which forms each step from whatever is queued (as a P2P FFN rank does)
-and forwards it, as one fixed-size step frame, to every other FFN rank (the
+and forwards it, as one fixed-size step message, to every other FFN rank (the
 *followers*) before serving it (:class:`LeadingRelay`). Every FFN rank then serves the
 same sequence of steps (:class:`FollowingRelay`).
 
-A step frame names, per payload, the seat generation of the server that sent it
+A step message names, per payload, the seat generation of the server that sent it
 (:mod:`afd_core.runtime.seats`), so a follower knows which of its links the rows of that rank
 travel on: its link of that generation; none, when it has already linked a later one
 (the step's server has left, so its rows are empty here); and when it has not linked
 that generation yet (a replacement whose link its acceptor is still opening), it waits
 for it, bounded by the AFD timeout.
 
-The leader's wait for payloads and a follower's wait for step frames have no deadline
+The leader's wait for payloads and a follower's wait for step messages have no deadline
 (an idle attention role is normal) and end when the connector closes; forwarding a step
 is bounded by the AFD timeout. Links added or lost reach both relays at step
 boundaries only (:meth:`~afd_core.runtime.links.BlockLinks.settle`).
@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Protocol
 from afd_core.errors import AFDError, AFDPeerError, AFDProtocolError
 from afd_core.failures import Fuse, PeerFailures, guarded_until_closed
 from afd_core.runtime.control.assembler import StepAssembler
-from afd_core.runtime.control.channel import ControlInbox, host_frame
+from afd_core.runtime.control.channel import ControlInbox, host_buffer
 from afd_core.transport import TransferFailed, Transport
-from afd_core.wire import decode_step_frame, encode_step_frame, step_frame_bytes
+from afd_core.wire import decode_step_message, encode_step_message, step_message_bytes
 
 if TYPE_CHECKING:
     from afd_core.connector import FFNStep
@@ -72,7 +72,7 @@ class LeadingRelay:
     """FFN rank 0: the steps of its control inbox, each forwarded to the followers.
 
     ``transport`` reaches the followers (their ranks on it: ``followers``);
-    ``num_attention_ranks`` sizes the step frame.
+    ``num_attention_ranks`` sizes the step message.
     """
 
     def __init__(
@@ -92,13 +92,13 @@ class LeadingRelay:
         self._num_attention_ranks = num_attention_ranks
         self._timeout_s = timeout_s
         self._failures = failures
-        self._frame, self._addr = host_frame(transport, step_frame_bytes(num_attention_ranks))
+        self._buffer, self._addr = host_buffer(transport, step_message_bytes(num_attention_ranks))
 
     def next_step(self) -> RelayedStep | None:
         """The next step (None once the connector is closed), forwarded to the followers.
 
         Raises what the inbox raises, and AFDPeerError when a follower does not take
-        the step frame in time.
+        the step message in time.
         """
         step = self._inbox.next_step()
         if step is None:
@@ -109,11 +109,11 @@ class LeadingRelay:
         return RelayedStep(step, links)
 
     def _forward(self, step: FFNStep, generations: tuple[int, ...]) -> None:
-        data = encode_step_frame(step.payloads, generations, self._num_attention_ranks)
+        data = encode_step_message(step.payloads, generations, self._num_attention_ranks)
         ctypes.memmove(self._addr, data, len(data))
         deadline = time.monotonic() + self._timeout_s
         try:
-            transfers = [self._transport.post_send(self._frame, f) for f in self._followers]
+            transfers = [self._transport.post_send(self._buffer, f) for f in self._followers]
             self._transport.wait_all(transfers, deadline)
         except TransferFailed as exc:
             raise self._failures.error(exc, "forwarding a step to the other FFN ranks") from None
@@ -122,7 +122,7 @@ class LeadingRelay:
 class FollowingRelay:
     """A follower FFN rank: the steps FFN rank 0 forwards (see the module docstring).
 
-    A daemon thread receives step frames from ``transport``'s rank :data:`LEADER_RANK`
+    A daemon thread receives step messages from ``transport``'s rank :data:`LEADER_RANK`
     and queues them; :meth:`next_step` takes one at a time and finds the link of every
     rank of it in ``links``.
     """
@@ -146,7 +146,7 @@ class FollowingRelay:
         self._assembler = StepAssembler(tuple(range(num_attention_ranks)))
         self._generations: dict[int, int] = {}
         self._cond = threading.Condition()
-        self._frames: deque[tuple[tuple[ControlPayload, int], ...]] = deque()
+        self._steps: deque[tuple[tuple[ControlPayload, int], ...]] = deque()
         self._error: AFDError | None = None
         self._changed = False
         links.on_change(self._note_change)
@@ -172,7 +172,7 @@ class FollowingRelay:
         """The next step FFN rank 0 forwarded (None once the connector is closed).
 
         Raises AFDPeerError when FFN rank 0 is gone or a replacement's link does not
-        open within the AFD timeout, AFDProtocolError for a frame that breaks the rules.
+        open within the AFD timeout, AFDProtocolError for a step message that breaks the rules.
         """
         while True:
             self._settle()
@@ -180,8 +180,8 @@ class FollowingRelay:
                 if self._fuse.closed:
                     return None
                 self._fuse.check_failure()  # e.g. another FFN rank was lost
-                if self._frames:
-                    entries = self._frames.popleft()
+                if self._steps:
+                    entries = self._steps.popleft()
                     break
                 if self._error is not None:
                     raise self._error
@@ -234,14 +234,16 @@ class FollowingRelay:
             self._cond.notify_all()
 
     def _receive(self) -> None:
-        transport, size = self._transport, step_frame_bytes(self._num_attention_ranks)
-        frame, addr = host_frame(transport, size)
+        transport, size = self._transport, step_message_bytes(self._num_attention_ranks)
+        buffer, addr = host_buffer(transport, size)
         try:
             while not self._fuse.closed:
-                transport.wait(transport.post_recv(frame, LEADER_RANK), None)
-                entries = decode_step_frame(ctypes.string_at(addr, size), self._num_attention_ranks)
+                transport.wait(transport.post_recv(buffer, LEADER_RANK), None)
+                entries = decode_step_message(
+                    ctypes.string_at(addr, size), self._num_attention_ranks
+                )
                 with self._cond:
-                    self._frames.append(entries)
+                    self._steps.append(entries)
                     self._cond.notify_all()
             return
         except TransferFailed as exc:
