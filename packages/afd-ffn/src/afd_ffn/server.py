@@ -4,11 +4,14 @@ An FFN rank has no scheduler and no KV cache. Its :class:`FFNServer` thread
 (``afd-ffn-server``) does the rendezvous, then repeats::
 
     step = connector.ffn.next_step()                 # None once the connector is closed
-    for stage in step's stages:
-        for layer in model.afd_exchange_layers():
+    for layer in model.afd_exchange_layers():
+        for stage in step's stages:
             batch = connector.ffn.recv(step, layer, stage)
             out = model.afd_compute_ffn(layer, to_device(batch.hidden), ...)
             connector.ffn.send(batch, out)
+
+Layer-major, as :class:`~afd_core.connector.FFNEndpoint` requires: an attention rank with
+two stages in flight sends both stages of a layer before it collects either result.
 
 Each step runs inside the compute context (vLLM: ``torch.inference_mode()``,
 ``set_forward_context(None, vllm_config)`` and, on CUDA, the worker's device as the
@@ -190,7 +193,7 @@ class FFNServer:
         return not self._thread.is_alive()
 
     def serve_step(self, step: FFNStep) -> None:
-        """Compute every layer of every stage of ``step`` and send the results back.
+        """Compute every stage of every layer of ``step`` (layer-major) and send the results.
 
         A capture step (CUDA graphs) moves no data: it only captures, and counts as no step.
         """
@@ -201,8 +204,8 @@ class FFNServer:
                     return
                 self.stats.layer_exchanges += len(self._layers) * step.num_stages
             else:
-                for stage in range(step.num_stages):
-                    for layer in self._layers:
+                for layer in self._layers:
+                    for stage in range(step.num_stages):
                         self._serve_layer(step, layer, stage)
                         self.stats.layer_exchanges += 1
         self.stats.tokens += sum(sum(counts) for counts in step.tokens)
