@@ -58,9 +58,9 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
 
-from afd_core.config import afd_config_from_vllm
 from afd_core.connector import Connector, ExpertRouting, FFNStep
 from afd_core.errors import AFDConfigError, AFDPeerError, AFDProtocolError, AFDShutdown
+from afd_core.workers.process_exit import exit_worker_process
 from afd_core.workers.profiling import (
     FFN_COMPUTE,
     FFN_RECV,
@@ -69,8 +69,7 @@ from afd_core.workers.profiling import (
     FFN_WAIT_STEP,
     afd_range,
 )
-from afd_core.workers.setup import build_connector, model_wire_spec, resolve_role_rank
-from afd_core.workers.process_exit import exit_worker_process
+from afd_core.workers.setup import role_worker_setup
 from afd_ffn.graphs import FFNStepGraphs
 from afd_ffn.stats import FFNStats
 from afd_models.roles import FFNModel
@@ -388,22 +387,17 @@ def open_ffn_server(
 ) -> FFNServer:
     """Build the FFN server of this vLLM worker and start it.
 
-    Resolves the AFD config, the FFN rank and the model's wire spec, builds the connector
-    (the server thread does the rendezvous) and starts the thread. ``device`` is the
+    Resolves the AFD config, the FFN rank and the model's wire spec
+    (:func:`~afd_core.workers.setup.role_worker_setup`), builds the connector (the server
+    thread does the rendezvous) and starts the thread. ``device`` is the
     worker's ``torch.device`` (where the model computes; see :class:`FFNServer`);
     ``on_step`` runs after every step served. Raises
     AFDConfigError for a missing config, an unsupported layout or a model that is not an
     AFD wrapper.
     """
-    config = afd_config_from_vllm(vllm_config, expected_role="ffn")
-    if config is None:
-        raise AFDConfigError(
-            'AFD: the FFN worker runs without additional_config["afd"]; give the deployment '
-            'an "afd" config with "role": "ffn"'
-        )
-    role_rank = resolve_role_rank(config, vllm_config.parallel_config, tp_rank)
-    wire = model_wire_spec(model, vllm_config.model_config.architecture, "ffn")
-    connector = build_connector(config, role_rank, wire)
+    setup = role_worker_setup(vllm_config, model, "ffn", tp_rank)
+    config, role_rank = setup.config, setup.role_rank
+    connector = setup.new_connector()
     server = FFNServer(
         connector,
         model,
@@ -412,9 +406,7 @@ def open_ffn_server(
         device=device,
         max_cuda_graphs=config.ffn_cuda_graphs,
         # A connector that replaces attention ranks itself never needs a new rendezvous.
-        reconnect=None
-        if connector.replaces_attention_ranks
-        else functools.partial(build_connector, config, role_rank, wire),
+        reconnect=None if connector.replaces_attention_ranks else setup.new_connector,
         idle_limit_s=config.ffn_idle_limit_s,
         on_step=on_step,
     )
