@@ -35,7 +35,7 @@ def text_config(vllm_config: VllmConfig) -> Any:
     return vllm_config.model_config.hf_text_config
 
 
-def model_dtype_logits(config: Any) -> torch.dtype | None:
+def logits_in_model_dtype(config: Any) -> torch.dtype | None:
     """For a gate that returns router logits in the model dtype: None."""
     return None
 
@@ -44,8 +44,9 @@ def model_dtype_logits(config: Any) -> torch.dtype | None:
 class StockMoEModel:
     """One stock vLLM MoE model module, as the role wrappers build from it.
 
-    ``module`` is the vLLM model module (stand-ins are put there); ``moe_block`` and
-    ``dense_mlp`` its MoE block and dense MLP classes, ``attention_moe_block`` the
+    ``module`` is the vLLM model module (stand-ins are put there, under the names of the
+    classes they replace); ``moe_block`` and ``dense_mlp`` its MoE block and dense MLP
+    classes, ``attention_moe_block`` the
     attention role's stand-in for ``moe_block`` (an ExchangeMLP taking the stock keyword
     arguments). ``is_moe_layer(config, layer)`` is the stock decoder layer's rule;
     ``build_moe_block(vllm_config, prefix)`` builds ``moe_block`` as the stock decoder
@@ -63,7 +64,7 @@ class StockMoEModel:
     build_moe_block: Callable[[VllmConfig, str], nn.Module]
     experts_field: str
     hf_config: Callable[[VllmConfig], Any] = text_config
-    router_dtype: Callable[[Any], torch.dtype | None] = model_dtype_logits
+    router_dtype: Callable[[Any], torch.dtype | None] = logits_in_model_dtype
 
     def num_experts(self, config: Any) -> int:
         """Routed experts per MoE layer (0 for a config without any)."""
