@@ -23,16 +23,19 @@ WIRE = WireSpec(hidden_size=4, dtype="float32", num_exchange_layers=2)
 
 
 class FakeFFNEndpoint:
-    """Delivers ``layer + 1`` in every input row; records sends and stream waits."""
+    """Delivers ``layer + 1`` in every input row; records calls, sends and stream waits."""
 
     def __init__(self) -> None:
+        self.calls: list[tuple[str, int, int]] = []
         self.sent: list[tuple[int, Any]] = []
         self.waits: list[str] = []
 
     def recv_into(self, step, layer, stage, hidden, router_logits) -> None:
+        self.calls.append(("recv_into", layer, stage))
         hidden.fill_(float(layer + 1))
 
     def send_from(self, step, layer, stage, output) -> None:
+        self.calls.append(("send_from", layer, stage))
         self.sent.append((layer, output.clone()))
 
     def wait_for_stream(self, what: str) -> None:
@@ -64,11 +67,11 @@ class FakeGraph:
         self.replays += 1
 
 
-def graph_step(step_id: int, n: int, *, capturing: bool = False) -> FFNStep:
-    payload = ControlPayload(
-        step_id, 0, (AFDDPMetadata(0, (n,)),), is_graph_capturing=capturing, is_graph_step=True
-    )
-    return FFNStep((payload,), (0,), ((n,),))
+def graph_step(step_id: int, *counts: int, capturing: bool = False) -> FFNStep:
+    """A graph step of attention rank 0 with ``counts[s]`` tokens in stage ``s``."""
+    stages = tuple(AFDDPMetadata(0, (n,)) for n in counts)
+    payload = ControlPayload(step_id, 0, stages, is_graph_capturing=capturing, is_graph_step=True)
+    return FFNStep((payload,), (0,), (counts,))
 
 
 def make(max_graphs: int) -> tuple[FFNStepGraphs, FakeConnector, FFNStats]:
@@ -98,6 +101,18 @@ def test_without_a_cache_capture_steps_move_nothing_and_graph_steps_run_eagerly(
     ]
     assert torch.equal(connector.ffn.sent[1][1], torch.full((3, 4), 4.0))
     assert stats.graph_steps_eager == 1 and stats.graph_replays == 0
+
+
+def test_a_graph_step_of_two_stages_runs_layer_major():
+    graphs, connector, _ = make(0)
+    graphs.serve(graph_step(0, 2, 3))
+    assert connector.ffn.calls == [
+        (call, layer, stage)
+        for layer in (0, 1)
+        for stage in (0, 1)
+        for call in ("recv_into", "send_from")
+    ]
+    assert [out.shape for _, out in connector.ffn.sent] == [(2, 4), (3, 4)] * 2
 
 
 def test_cached_shapes_replay_and_the_least_recently_used_is_dropped():

@@ -59,13 +59,14 @@ class Harness:
         assert not self.server.is_running
 
 
-def test_each_step_computes_every_layer_of_every_stage_in_order_and_sends_it_back():
+def test_each_step_computes_every_stage_of_every_layer_layer_major_and_sends_it_back():
     h = Harness()
     h.run_until_closed(ffn_step(0, 5), ffn_step(1, 1, 2))
     assert h.connector.calls("ffn_recv") == [
         (0, 0, 0), (0, 1, 0), (0, 2, 0),
-        (1, 0, 0), (1, 1, 0), (1, 2, 0),
-        (1, 0, 1), (1, 1, 1), (1, 2, 1),
+        (1, 0, 0), (1, 0, 1),
+        (1, 1, 0), (1, 1, 1),
+        (1, 2, 0), (1, 2, 1),
     ]  # fmt: skip
     assert h.model.calls[:3] == [(0, (5, 8)), (1, (5, 8)), (2, (5, 8))]
     sent = h.connector.calls("ffn_send")

@@ -1,4 +1,4 @@
-"""afd_core.workers.setup: role ranks from vLLM's parallel config, wire specs, connectors."""
+"""afd_core.workers.setup: role ranks, wire specs, connectors, a worker's whole setup."""
 
 from __future__ import annotations
 
@@ -143,3 +143,42 @@ def test_build_connector_rejects_a_registered_class_that_is_not_a_connector(regi
     config = replace(make_config(), connector="NotAConnector")
     with pytest.raises(AFDConfigError, match=r"not a subclass of afd_core.connector.Connector"):
         roles.build_connector(config, 0, WIRE)
+
+
+def vllm_config(afd: dict | None, *, dp_rank: int = 0, dp: int = 1) -> SimpleNamespace:
+    """A stand-in for vLLM's config: what role_worker_setup reads."""
+    return SimpleNamespace(
+        additional_config={} if afd is None else {"afd": afd},
+        parallel_config=parallel(dp_rank, dp=dp),
+        model_config=SimpleNamespace(architecture="Qwen3MoeForCausalLM"),
+    )
+
+
+@pytest.fixture
+def installed(registry, monkeypatch):
+    """The fake registry also where the AFD config is parsed."""
+    import afd_core.registry
+
+    monkeypatch.setattr(afd_core.registry, "get_registry", lambda: registry)
+    return registry
+
+
+def test_a_worker_setup_has_the_config_rank_and_wire_spec_and_builds_fresh_connectors(installed):
+    afd = {"role": "attention", "connector": "Recording", "num_attention_ranks": 2}
+    setup = roles.role_worker_setup(vllm_config(afd, dp_rank=1, dp=2), Wrapper(), "attention", 0)
+    assert (setup.config.role, setup.role_rank, setup.wire) == ("attention", 1, WIRE)
+    first, second = setup.new_connector(), setup.new_connector()
+    assert isinstance(first, RecordingConnector) and first is not second
+    assert (first.role_rank, first.wire, first.is_initialized) == (1, WIRE, False)
+
+
+@pytest.mark.parametrize("role", ["attention", "ffn"])
+def test_a_worker_without_an_afd_config_is_told_how_to_give_one(installed, role):
+    with pytest.raises(AFDConfigError, match=rf'an "afd" config with "role": "{role}"'):
+        roles.role_worker_setup(vllm_config(None), FFNWrapper(), role, 0)
+
+
+def test_a_worker_setup_checks_the_model_for_its_role(installed):
+    afd = {"role": "ffn", "connector": "Recording"}
+    with pytest.raises(AFDConfigError, match=r"not an AFD ffn model"):
+        roles.role_worker_setup(vllm_config(afd), Wrapper(), "ffn", 0)

@@ -14,11 +14,10 @@ import logging
 from typing import Any
 
 from afd_attention.step_driver import StepDriver
-from afd_core.config import afd_config_from_vllm
 from afd_core.connector import Connector
-from afd_core.errors import AFDConfigError, AFDPeerError
+from afd_core.errors import AFDPeerError
 from afd_core.workers.process_exit import exit_worker_process
-from afd_core.workers.setup import build_connector, model_wire_spec, resolve_role_rank
+from afd_core.workers.setup import role_worker_setup
 
 # A child of vLLM's logger, so vLLM's logging config (handler, level, format) applies.
 logger = logging.getLogger(f"vllm.{__name__}")
@@ -38,21 +37,16 @@ class AttentionSession:
         ``runner`` is the worker's model runner (an
         :class:`~afd_attention.runner.AttentionRunnerMixin`) with its model loaded.
         Blocks until the FFN ranks are there, at most ``afd_process_group_timeout_s``.
-        Raises AFDConfigError for a model that is not an AFD wrapper or an unsupported
-        layout; connector errors (AFDPeerError, AFDProtocolError) propagate.
+        Raises AFDConfigError for a missing config, a model that is not an AFD wrapper or
+        an unsupported layout (:func:`~afd_core.workers.setup.role_worker_setup`);
+        connector errors (AFDPeerError, AFDProtocolError) propagate.
         """
         from afd_models.exchange_op import set_exchanger
 
-        config = afd_config_from_vllm(vllm_config, expected_role="attention")
-        if config is None:
-            raise AFDConfigError(
-                'AFD: the attention worker runs without additional_config["afd"]; give the '
-                'deployment an "afd" config with "role": "attention", or use vLLM\'s own worker'
-            )
-        role_rank = resolve_role_rank(config, vllm_config.parallel_config, tp_rank)
         model = runner.get_model()
-        wire = model_wire_spec(model, vllm_config.model_config.architecture, "attention")
-        connector = build_connector(config, role_rank, wire)
+        setup = role_worker_setup(vllm_config, model, "attention", tp_rank)
+        config, role_rank, wire = setup.config, setup.role_rank, setup.wire
+        connector = setup.new_connector()
         connector.on_peer_lost = _end_worker
         logger.info(
             "AFD attention rank %d: waiting for FFN at %s:%d (%s, at most %d s)",

@@ -226,9 +226,14 @@ class AttentionEndpoint(ABC):
 class FFNEndpoint(ABC):
     """The FFN side of a connector: take a step, receive each layer, send each result.
 
-    Per step from :meth:`next_step`: for every stage and layer, :meth:`recv` then
-    :meth:`send`. Called from one thread (the FFN loop); :meth:`next_step` returns None
-    once the connector is closed.
+    Per step from :meth:`next_step`, layer-major: for each exchanging layer, for each
+    stage, :meth:`recv` then :meth:`send` (``recv(L, 0)``, ``send(L, 0)``, ``recv(L, 1)``,
+    ``send(L, 1)``, then layer L+1). This is the only order that serves every order the
+    :class:`AttentionEndpoint` allows: with two stages in flight an attention rank sends
+    both stages of layer L before it collects either result, so an FFN loop that finished
+    stage 0's layers first would wait for layer L+1 of stage 0 while the attention rank
+    waits for layer L of stage 1. Called from one thread (the FFN loop);
+    :meth:`next_step` returns None once the connector is closed.
     """
 
     @abstractmethod
@@ -254,7 +259,8 @@ class FFNEndpoint(ABC):
     #
     # In a step whose payloads have ``is_graph_step`` the attention ranks' forwards are
     # CUDA graphs. The FFN rank serves such a step with buffers it owns (so that a graph
-    # it captures keeps fixed addresses); these calls may themselves be captured.
+    # it captures keeps fixed addresses), in the same layer-major order (recv_into then
+    # send_from); these calls may themselves be captured.
 
     def recv_into(
         self,

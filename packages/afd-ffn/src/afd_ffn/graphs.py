@@ -2,8 +2,9 @@
 
 When an attention rank captures a CUDA graph of its forward, its capture step
 (``is_graph_capturing``) moves no data; the FFN rank captures, at that moment, a graph
-of its whole side of such a step: for every stage and layer, receive into fixed input
-tensors, compute the FFN, send the result. Later graph steps of the same shape (attention
+of its whole side of such a step: for every layer and stage (layer-major, the order of
+:class:`~afd_core.connector.FFNEndpoint`), receive into the stage's fixed input tensors,
+compute the FFN, send the result. Later graph steps of the same shape (attention
 ranks and token counts) replay it, so the FFN rank too runs no Python per layer. A graph
 step whose shape has no graph (never captured, or evicted) runs the same sequence
 eagerly. Graphs live in a bounded LRU cache and share one memory pool (steps run one at
@@ -119,10 +120,11 @@ class FFNStepGraphs:
         return inputs
 
     def _run(self, step: FFNStep, inputs: list[_Inputs]) -> None:
-        """Every stage and layer of ``step``: receive, compute, send (captured or not)."""
+        """Every layer and stage of ``step``, layer-major: receive, compute, send (captured
+        or not)."""
         endpoint = self._connector.ffn
-        for stage, tensors in enumerate(inputs):
-            for layer in self._layers:
+        for layer in self._layers:
+            for stage, tensors in enumerate(inputs):
                 logits = self._logits_at(tensors, layer)
                 endpoint.recv_into(step, layer, stage, tensors.hidden, logits)
                 output = self._model.afd_compute_ffn(layer, tensors.hidden, logits)

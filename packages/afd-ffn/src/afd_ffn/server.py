@@ -4,11 +4,14 @@ An FFN rank has no scheduler and no KV cache. Its :class:`FFNServer` thread
 (``afd-ffn-server``) does the rendezvous, then repeats::
 
     step = connector.ffn.next_step()                 # None once the connector is closed
-    for stage in step's stages:
-        for layer in model.afd_exchange_layers():
+    for layer in model.afd_exchange_layers():
+        for stage in step's stages:
             batch = connector.ffn.recv(step, layer, stage)
             out = model.afd_compute_ffn(layer, to_device(batch.hidden), ...)
             connector.ffn.send(batch, out)
+
+Layer-major, as :class:`~afd_core.connector.FFNEndpoint` requires: an attention rank with
+two stages in flight sends both stages of a layer before it collects either result.
 
 Each step runs inside the compute context (vLLM: ``torch.inference_mode()``,
 ``set_forward_context(None, vllm_config)`` and, on CUDA, the worker's device as the
@@ -55,7 +58,6 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
 
-from afd_core.config import afd_config_from_vllm
 from afd_core.connector import Connector, ExpertRouting, FFNStep
 from afd_core.errors import AFDConfigError, AFDPeerError, AFDProtocolError, AFDShutdown
 from afd_core.workers.process_exit import exit_worker_process
@@ -67,7 +69,7 @@ from afd_core.workers.profiling import (
     FFN_WAIT_STEP,
     afd_range,
 )
-from afd_core.workers.setup import build_connector, model_wire_spec, resolve_role_rank
+from afd_core.workers.setup import role_worker_setup
 from afd_ffn.graphs import FFNStepGraphs
 from afd_ffn.stats import FFNStats
 from afd_models.roles import FFNModel
@@ -190,7 +192,7 @@ class FFNServer:
         return not self._thread.is_alive()
 
     def serve_step(self, step: FFNStep) -> None:
-        """Compute every layer of every stage of ``step`` and send the results back.
+        """Compute every stage of every layer of ``step`` (layer-major) and send the results.
 
         A capture step (CUDA graphs) moves no data: it only captures, and counts as no step.
         """
@@ -201,8 +203,8 @@ class FFNServer:
                     return
                 self.stats.layer_exchanges += len(self._layers) * step.num_stages
             else:
-                for stage in range(step.num_stages):
-                    for layer in self._layers:
+                for layer in self._layers:
+                    for stage in range(step.num_stages):
                         self._serve_layer(step, layer, stage)
                         self.stats.layer_exchanges += 1
         self.stats.tokens += sum(sum(counts) for counts in step.tokens)
@@ -385,22 +387,17 @@ def open_ffn_server(
 ) -> FFNServer:
     """Build the FFN server of this vLLM worker and start it.
 
-    Resolves the AFD config, the FFN rank and the model's wire spec, builds the connector
-    (the server thread does the rendezvous) and starts the thread. ``device`` is the
+    Resolves the AFD config, the FFN rank and the model's wire spec
+    (:func:`~afd_core.workers.setup.role_worker_setup`), builds the connector (the server
+    thread does the rendezvous) and starts the thread. ``device`` is the
     worker's ``torch.device`` (where the model computes; see :class:`FFNServer`);
     ``on_step`` runs after every step served. Raises
     AFDConfigError for a missing config, an unsupported layout or a model that is not an
     AFD wrapper.
     """
-    config = afd_config_from_vllm(vllm_config, expected_role="ffn")
-    if config is None:
-        raise AFDConfigError(
-            'AFD: the FFN worker runs without additional_config["afd"]; give the deployment '
-            'an "afd" config with "role": "ffn"'
-        )
-    role_rank = resolve_role_rank(config, vllm_config.parallel_config, tp_rank)
-    wire = model_wire_spec(model, vllm_config.model_config.architecture, "ffn")
-    connector = build_connector(config, role_rank, wire)
+    setup = role_worker_setup(vllm_config, model, "ffn", tp_rank)
+    config, role_rank = setup.config, setup.role_rank
+    connector = setup.new_connector()
     server = FFNServer(
         connector,
         model,
@@ -409,9 +406,7 @@ def open_ffn_server(
         device=device,
         max_cuda_graphs=config.ffn_cuda_graphs,
         # A connector that replaces attention ranks itself never needs a new rendezvous.
-        reconnect=None
-        if connector.replaces_attention_ranks
-        else functools.partial(build_connector, config, role_rank, wire),
+        reconnect=None if connector.replaces_attention_ranks else setup.new_connector,
         idle_limit_s=config.ffn_idle_limit_s,
         on_step=on_step,
     )

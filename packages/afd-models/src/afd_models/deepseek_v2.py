@@ -37,30 +37,12 @@ from vllm.model_executor.models.deepseek_v2 import (
     DeepseekV3ForCausalLM,
     _get_moe_router_dtype,
 )
-from vllm.model_executor.models.utils import extract_layer_index, maybe_prefix
+from vllm.model_executor.models.utils import extract_layer_index
 
-from afd_core.config import AFDConfig
-from afd_core.connector import WireSpec
-from afd_core.placement import ExpertPlacement
-from afd_models.layers import (
-    DenseExchangeMLP,
-    ExchangeMLP,
-    FFNStack,
-    NoMLP,
-    check_attention_stack,
-    check_routed_attention_stack,
-    detach_gate,
-    stand_ins,
-)
+from afd_models.layers import ExchangeMLP, FFNStack, check_attention_role
 from afd_models.role_mixins import AttentionRoleMixin, FFNRoleMixin
-from afd_models.roles import (
-    RoleDispatch,
-    afd_config,
-    clear_moe_attributes,
-    ffn_role_rank,
-    make_wire_spec,
-)
-from afd_models.routed import LocalExperts, local_experts_factory, routed_exchange_factory
+from afd_models.roles import RoleDispatch, afd_config, clear_moe_attributes
+from afd_models.stock_moe import StockMoEModel
 
 
 class AFDDeepseekV2ForCausalLM(RoleDispatch, DeepseekV2ForCausalLM):
@@ -77,29 +59,6 @@ def _is_moe_layer(config: Any, layer: int) -> bool:
         config.n_routed_experts is not None
         and layer >= config.first_k_dense_replace
         and layer % getattr(config, "moe_layer_freq", 1) == 0
-    )
-
-
-def _placement(vllm_config: VllmConfig, afd: AFDConfig) -> ExpertPlacement | None:
-    """The expert blocks of an expert-routed deployment, else None."""
-    if afd.exchange != "expert":
-        return None
-    return ExpertPlacement(vllm_config.model_config.hf_config.n_routed_experts, afd.num_ffn_ranks)
-
-
-def _wire_spec(vllm_config: VllmConfig, afd: AFDConfig) -> WireSpec:
-    config = vllm_config.model_config.hf_config
-    return make_wire_spec(
-        vllm_config,
-        afd,
-        num_layers=config.num_hidden_layers,
-        num_experts=config.n_routed_experts or 0,
-        top_k=config.num_experts_per_tok or 0,
-        # DeepseekV2MoE's gate returns router_dtype, or the model dtype when unset.
-        router_logits_dtype=_get_moe_router_dtype(config) or vllm_config.model_config.dtype,
-        dense_layers=tuple(
-            layer for layer in range(config.num_hidden_layers) if not _is_moe_layer(config, layer)
-        ),
     )
 
 
@@ -121,23 +80,43 @@ class _AttentionMoE(ExchangeMLP):
         super().__init__(layer=extract_layer_index(prefix), gate=gate)
 
 
+def _build_moe_block(vllm_config: VllmConfig, prefix: str) -> DeepseekV2MoE:
+    """A ``DeepseekV2MoE`` built as ``DeepseekV2DecoderLayer`` builds it."""
+    return DeepseekV2MoE(
+        config=vllm_config.model_config.hf_config,
+        parallel_config=vllm_config.parallel_config,
+        quant_config=vllm_config.quant_config,
+        prefix=prefix,
+        apply_routed_scale_to_output=not rocm_aiter_ops.is_fused_moe_enabled(),
+    )
+
+
+#: What the role wrappers build DeepSeek-V2/V3 from (see :mod:`afd_models.stock_moe`).
+STOCK = StockMoEModel(
+    module=stock,
+    moe_block=DeepseekV2MoE,
+    dense_mlp=DeepseekV2MLP,
+    attention_moe_block=_AttentionMoE,
+    is_moe_layer=_is_moe_layer,
+    build_moe_block=_build_moe_block,
+    experts_field="n_routed_experts",
+    hf_config=lambda vllm_config: vllm_config.model_config.hf_config,
+    # DeepseekV2MoE's gate returns router_dtype, or the model dtype when unset.
+    router_dtype=_get_moe_router_dtype,
+)
+
+
 class _DeepseekAttentionRole(AttentionRoleMixin):
     """The attention role of DeepSeek-V2/V3 (see the module docstring)."""
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         afd = afd_config(vllm_config)
-        placement = _placement(vllm_config, afd)
-        wire = _wire_spec(vllm_config, afd)
-        if placement is not None:
-            with stand_ins(stock, FusedMoEFactory=routed_exchange_factory):
-                super().__init__(vllm_config=vllm_config, prefix=prefix)
-            check_routed_attention_stack(
-                self.model.layers, wire.exchange_layers, type(self).__name__
-            )
-        else:
-            with stand_ins(stock, DeepseekV2MoE=_AttentionMoE, DeepseekV2MLP=DenseExchangeMLP):
-                super().__init__(vllm_config=vllm_config, prefix=prefix)
-            check_attention_stack(self.model.layers, type(self).__name__)
+        placement = STOCK.placement(vllm_config, afd)
+        wire = STOCK.wire_spec(vllm_config, afd)
+        with STOCK.attention_stand_ins(placement):
+            super().__init__(vllm_config=vllm_config, prefix=prefix)
+        routed_layers = None if placement is None else wire.exchange_layers
+        check_attention_role(self.model.layers, type(self).__name__, routed_layers)
         self.afd = afd
         self.afd_wire = wire
         self.afd_placement = placement
@@ -172,74 +151,16 @@ class _DeepseekFFNRole(FFNRoleMixin):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         # Builds no embeddings, attention, norms or lm_head.
         nn.Module.__init__(self)
-        config = vllm_config.model_config.hf_config
-        self.config = config
-        self.quant_config = vllm_config.quant_config
-        self.afd = afd_config(vllm_config)
-        self.afd_wire = _wire_spec(vllm_config, self.afd)
-        self.afd_placement = _placement(vllm_config, self.afd)
-        if self.afd_placement is not None:
-            self.afd_ffn_rank = ffn_role_rank(vllm_config, self.afd)
-        self.routed_scaling_factor = getattr(config, "routed_scaling_factor", 1.0)
-        layers_prefix = f"{maybe_prefix(prefix, 'model')}.layers"
-        mlps = [
-            self._build_mlp(vllm_config, layer, f"{layers_prefix}.{layer}.mlp")
-            for layer in range(config.num_hidden_layers)
-        ]
+        mlps = self.afd_init_ffn_role(STOCK, vllm_config, prefix)
+        self.routed_scaling_factor = getattr(self.config, "routed_scaling_factor", 1.0)
         self.model = _DeepseekFFNStack(vllm_config, mlps)
         self.set_moe_parameters()
-
-    def _build_mlp(self, vllm_config: VllmConfig, layer: int, prefix: str) -> nn.Module:
-        """The block ``DeepseekV2DecoderLayer`` builds for ``layer``, same arguments
-        (expert-routed: only the runner of this rank's experts, nothing for dense layers)."""
-        config = self.config
-        placement = self.afd_placement
-        if placement is not None:
-            if not _is_moe_layer(config, layer):
-                return NoMLP()
-            local = local_experts_factory(len(placement.block(self.afd_ffn_rank)))
-            with stand_ins(stock, FusedMoEFactory=local):
-                block = self._stock_moe(vllm_config, prefix)
-            return LocalExperts(block.experts)
-        if not _is_moe_layer(config, layer):
-            return DeepseekV2MLP(
-                hidden_size=config.hidden_size,
-                intermediate_size=config.intermediate_size,
-                hidden_act=config.hidden_act,
-                quant_config=self.quant_config,
-                prefix=prefix,
-            )
-        block = self._stock_moe(vllm_config, prefix)
-        if self.afd.compute_gate_on_attention:
-            detach_gate(block)
-        return block
-
-    def _stock_moe(self, vllm_config: VllmConfig, prefix: str) -> DeepseekV2MoE:
-        """A ``DeepseekV2MoE`` built as ``DeepseekV2DecoderLayer`` builds it."""
-        return DeepseekV2MoE(
-            config=self.config,
-            parallel_config=vllm_config.parallel_config,
-            quant_config=self.quant_config,
-            prefix=prefix,
-            apply_routed_scale_to_output=not rocm_aiter_ops.is_fused_moe_enabled(),
-        )
 
     def set_moe_parameters(self) -> None:
         """vLLM's MixtureOfExperts fields, as the stock ``set_moe_parameters`` sets them
         (expert-routed: for this rank's experts)."""
         if self.afd_placement is not None:
-            local = [
-                layer.mlp for layer in self.model.layers if isinstance(layer.mlp, LocalExperts)
-            ]
-            count = len(self.afd_placement.block(self.afd_ffn_rank))
-            self.moe_mlp_layers = local
-            self.moe_layers = [block.experts for block in local]
-            self.num_moe_layers = len(local)
-            self.num_expert_groups = 1
-            self.num_shared_experts = 0
-            self.num_logical_experts = self.num_physical_experts = count
-            self.num_local_physical_experts = self.num_routed_experts = count
-            self.num_redundant_experts = 0
+            self.moe_mlp_layers = self.afd_set_local_expert_fields()
             return
         self.num_expert_groups = getattr(self.config, "n_group", 1)
         self.moe_mlp_layers = [

@@ -125,6 +125,18 @@ def check_routed_attention_stack(
             )
 
 
+def check_attention_role(
+    layers: Sequence[nn.Module], model_name: str, routed_layers: Sequence[int] | None
+) -> None:
+    """Raise AFDInstallError unless the attention role's layers are what its stand-ins
+    build: :func:`check_routed_attention_stack` with ``routed_layers`` (an expert-routed
+    deployment's MoE layers), else :func:`check_attention_stack`."""
+    if routed_layers is None:
+        check_attention_stack(layers, model_name)
+    else:
+        check_routed_attention_stack(layers, routed_layers, model_name)
+
+
 def detach_gate(block: nn.Module) -> None:
     """Take the router gate out of a stock MoE block built for the FFN role.
 

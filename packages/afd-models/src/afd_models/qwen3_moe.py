@@ -31,28 +31,10 @@ from vllm.model_executor.models.qwen3_moe import (
 )
 from vllm.model_executor.models.utils import extract_layer_index, maybe_prefix
 
-from afd_core.config import AFDConfig
-from afd_core.connector import WireSpec
-from afd_core.placement import ExpertPlacement
-from afd_models.layers import (
-    DenseExchangeMLP,
-    ExchangeMLP,
-    FFNStack,
-    NoMLP,
-    check_attention_stack,
-    check_routed_attention_stack,
-    detach_gate,
-    stand_ins,
-)
+from afd_models.layers import ExchangeMLP, FFNStack, check_attention_role
 from afd_models.role_mixins import AttentionRoleMixin, FFNRoleMixin
-from afd_models.roles import (
-    RoleDispatch,
-    afd_config,
-    clear_moe_attributes,
-    ffn_role_rank,
-    make_wire_spec,
-)
-from afd_models.routed import LocalExperts, local_experts_factory, routed_exchange_factory
+from afd_models.roles import RoleDispatch, afd_config, clear_moe_attributes
+from afd_models.stock_moe import StockMoEModel
 
 
 class AFDQwen3MoeForCausalLM(RoleDispatch, Qwen3MoeForCausalLM):
@@ -67,30 +49,6 @@ def _is_moe_layer(config: Any, layer: int) -> bool:
         and config.num_experts > 0
         and (layer + 1) % config.decoder_sparse_step == 0
     )
-
-
-def _wire_spec(vllm_config: VllmConfig, afd: AFDConfig) -> WireSpec:
-    config = vllm_config.model_config.hf_text_config
-    return make_wire_spec(
-        vllm_config,
-        afd,
-        num_layers=config.num_hidden_layers,
-        num_experts=config.num_experts,
-        top_k=config.num_experts_per_tok,
-        # GateLinear without out_dtype returns the model dtype.
-        router_logits_dtype=vllm_config.model_config.dtype,
-        dense_layers=tuple(
-            layer for layer in range(config.num_hidden_layers) if not _is_moe_layer(config, layer)
-        ),
-    )
-
-
-def _placement(vllm_config: VllmConfig, afd: AFDConfig) -> ExpertPlacement | None:
-    """The expert blocks of an expert-routed deployment, else None."""
-    if afd.exchange != "expert":
-        return None
-    config = vllm_config.model_config.hf_text_config
-    return ExpertPlacement(config.num_experts, afd.num_ffn_ranks)
 
 
 class _AttentionSparseMoeBlock(ExchangeMLP):
@@ -111,6 +69,24 @@ class _AttentionSparseMoeBlock(ExchangeMLP):
         super().__init__(layer=extract_layer_index(prefix), gate=gate)
 
 
+def _build_moe_block(vllm_config: VllmConfig, prefix: str) -> Qwen3MoeSparseMoeBlock:
+    """A ``Qwen3MoeSparseMoeBlock`` built as ``Qwen3MoeDecoderLayer`` builds it."""
+    return Qwen3MoeSparseMoeBlock(vllm_config=vllm_config, prefix=prefix)
+
+
+#: What the role wrappers build Qwen3-MoE from (see :mod:`afd_models.stock_moe`); its gate
+#: (GateLinear without out_dtype) returns router logits in the model dtype.
+STOCK = StockMoEModel(
+    module=stock,
+    moe_block=Qwen3MoeSparseMoeBlock,
+    dense_mlp=Qwen3MoeMLP,
+    attention_moe_block=_AttentionSparseMoeBlock,
+    is_moe_layer=_is_moe_layer,
+    build_moe_block=_build_moe_block,
+    experts_field="num_experts",
+)
+
+
 class AttentionQwen3MoeForCausalLM(AttentionRoleMixin, AFDQwen3MoeForCausalLM):
     """The attention role of Qwen3-MoE (see the module docstring)."""
 
@@ -122,23 +98,14 @@ class AttentionQwen3MoeForCausalLM(AttentionRoleMixin, AFDQwen3MoeForCausalLM):
         self.config = config
         self.quant_config = vllm_config.quant_config
         self.afd = afd_config(vllm_config)
-        self.afd_wire = _wire_spec(vllm_config, self.afd)
-        self.afd_placement = _placement(vllm_config, self.afd)
-        model_prefix = maybe_prefix(prefix, "model")
-        if self.afd_placement is not None:
-            with stand_ins(stock, FusedMoEFactory=routed_exchange_factory):
-                self.model = Qwen3MoeModel(vllm_config=vllm_config, prefix=model_prefix)
-            check_routed_attention_stack(
-                self.model.layers, self.afd_wire.exchange_layers, "Qwen3MoeForCausalLM"
+        self.afd_wire = STOCK.wire_spec(vllm_config, self.afd)
+        self.afd_placement = STOCK.placement(vllm_config, self.afd)
+        with STOCK.attention_stand_ins(self.afd_placement):
+            self.model = Qwen3MoeModel(
+                vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model")
             )
-        else:
-            with stand_ins(
-                stock,
-                Qwen3MoeSparseMoeBlock=_AttentionSparseMoeBlock,
-                Qwen3MoeMLP=DenseExchangeMLP,
-            ):
-                self.model = Qwen3MoeModel(vllm_config=vllm_config, prefix=model_prefix)
-            check_attention_stack(self.model.layers, "Qwen3MoeForCausalLM")
+        routed_layers = None if self.afd_placement is None else self.afd_wire.exchange_layers
+        check_attention_role(self.model.layers, "Qwen3MoeForCausalLM", routed_layers)
         self.lm_head = ParallelLMHead(
             config.vocab_size,
             config.hidden_size,
@@ -165,63 +132,14 @@ class FFNQwen3MoeForCausalLM(FFNRoleMixin, AFDQwen3MoeForCausalLM):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         # Builds no embeddings, attention, norms or lm_head.
         nn.Module.__init__(self)
-        config = vllm_config.model_config.hf_text_config
-        self.config = config
-        self.quant_config = vllm_config.quant_config
-        self.afd = afd_config(vllm_config)
-        self.afd_wire = _wire_spec(vllm_config, self.afd)
-        self.afd_placement = _placement(vllm_config, self.afd)
-        if self.afd_placement is not None:
-            self.afd_ffn_rank = ffn_role_rank(vllm_config, self.afd)
-        layers_prefix = f"{maybe_prefix(prefix, 'model')}.layers"
-        self.model = _Qwen3FFNStack(
-            [
-                self._build_mlp(vllm_config, layer, f"{layers_prefix}.{layer}.mlp")
-                for layer in range(config.num_hidden_layers)
-            ]
-        )
+        self.model = _Qwen3FFNStack(self.afd_init_ffn_role(STOCK, vllm_config, prefix))
         self._set_moe_attributes()
-
-    def _build_mlp(self, vllm_config: VllmConfig, layer: int, prefix: str) -> nn.Module:
-        """The block ``Qwen3MoeDecoderLayer`` builds for ``layer``, with the same arguments
-        (expert-routed: only the runner of this rank's experts, nothing for dense layers)."""
-        config = self.config
-        placement = self.afd_placement
-        if placement is not None:
-            if not _is_moe_layer(config, layer):
-                return NoMLP()
-            local = local_experts_factory(len(placement.block(self.afd_ffn_rank)))
-            with stand_ins(stock, FusedMoEFactory=local):
-                block = Qwen3MoeSparseMoeBlock(vllm_config=vllm_config, prefix=prefix)
-            return LocalExperts(block.experts)
-        if not _is_moe_layer(config, layer):
-            return Qwen3MoeMLP(
-                hidden_size=config.hidden_size,
-                intermediate_size=config.intermediate_size,
-                hidden_act=config.hidden_act,
-                quant_config=self.quant_config,
-                prefix=prefix,
-            )
-        block = Qwen3MoeSparseMoeBlock(vllm_config=vllm_config, prefix=prefix)
-        if self.afd.compute_gate_on_attention:
-            detach_gate(block)
-        return block
 
     def _set_moe_attributes(self) -> None:
         """vLLM's MixtureOfExperts fields, as ``Qwen3MoeForCausalLM.__init__`` sets them
         (expert-routed: for this rank's experts)."""
         if self.afd_placement is not None:
-            local = [
-                layer.mlp for layer in self.model.layers if isinstance(layer.mlp, LocalExperts)
-            ]
-            count = len(self.afd_placement.block(self.afd_ffn_rank))
-            self.moe_layers = [block.experts for block in local]
-            self.num_moe_layers = len(local)
-            self.num_expert_groups = 1
-            self.num_shared_experts = 0
-            self.num_logical_experts = self.num_physical_experts = count
-            self.num_local_physical_experts = self.num_routed_experts = count
-            self.num_redundant_experts = 0
+            self.afd_set_local_expert_fields()
             return
         blocks = [
             layer.mlp

@@ -4,28 +4,34 @@ A role class lists the mixin first in its bases, before the registered wrapper
 (``class AttentionX(AttentionRoleMixin, AFDX)``), so the mixin's methods win over the
 stock ones and ``super()`` reaches the stock model. Each role class's ``__init__`` sets
 ``afd`` (the :class:`~afd_core.config.AFDConfig`), ``afd_wire`` (its WireSpec) and, with
-an expert-routed connector, ``afd_placement`` (and, on the FFN role, ``afd_ffn_rank``).
+an expert-routed connector, ``afd_placement`` (and, on the FFN role, ``afd_ffn_rank``);
+an FFN role of a stock MoE model does it with :meth:`FFNRoleMixin.afd_init_ffn_role`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 from torch import nn
 from vllm.model_executor.layers.fused_moe.runner.moe_runner_interface import (
     MoERunnerInterface,
 )
-from vllm.model_executor.models.utils import AutoWeightsLoader
+from vllm.model_executor.models.utils import AutoWeightsLoader, maybe_prefix
 
 from afd_core.config import AFDConfig
 from afd_core.connector import ExpertRouting, WireSpec
 from afd_core.placement import ExpertPlacement
 from afd_models.layers import FFNStack
-from afd_models.roles import FFN_NOT_SCHEDULED
+from afd_models.roles import FFN_NOT_SCHEDULED, afd_config, ffn_role_rank
 from afd_models.routed import LocalExperts, compute_local_experts
 from afd_models.weight_filter import role_weights
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+    from afd_models.stock_moe import StockMoEModel
 
 
 class AttentionRoleMixin:
@@ -67,6 +73,52 @@ class FFNRoleMixin:
     def afd_exchange_layers(self) -> tuple[int, ...]:
         """The exchanging decoder layers, in order (see :class:`AttentionRoleMixin`)."""
         return self.afd_wire.exchange_layers
+
+    def afd_init_ffn_role(
+        self, stock: StockMoEModel, vllm_config: VllmConfig, prefix: str
+    ) -> list[nn.Module]:
+        """Set the fields an FFN role model of ``stock`` has (``config``, ``quant_config``,
+        ``afd``, ``afd_wire``, ``afd_placement``, ``afd_ffn_rank``) and return the
+        ``mlp`` of every decoder layer (:meth:`StockMoEModel.ffn_mlp`), under the
+        checkpoint names ``{prefix}.model.layers.N.mlp``. Call it from ``__init__`` after
+        ``nn.Module.__init__``; nothing else of the stock model is built.
+        """
+        config = stock.hf_config(vllm_config)
+        self.config = config
+        self.quant_config = vllm_config.quant_config
+        self.afd = afd_config(vllm_config)
+        self.afd_wire = stock.wire_spec(vllm_config, self.afd)
+        self.afd_placement = stock.placement(vllm_config, self.afd)
+        if self.afd_placement is not None:
+            self.afd_ffn_rank = ffn_role_rank(vllm_config, self.afd)
+        layers_prefix = f"{maybe_prefix(prefix, 'model')}.layers"
+        return [
+            stock.ffn_mlp(
+                vllm_config,
+                self.afd,
+                self.afd_placement,
+                self.afd_ffn_rank,
+                layer,
+                f"{layers_prefix}.{layer}.mlp",
+            )
+            for layer in range(config.num_hidden_layers)
+        ]
+
+    def afd_set_local_expert_fields(self) -> list[LocalExperts]:
+        """Expert-routed: set vLLM's MixtureOfExperts fields for this FFN rank's block of
+        experts (one expert group, no shared or redundant experts); return the
+        :class:`~afd_models.routed.LocalExperts` of its MoE layers, in layer order."""
+        assert self.afd_placement is not None
+        local = [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, LocalExperts)]
+        count = len(self.afd_placement.block(self.afd_ffn_rank))
+        self.moe_layers = [block.experts for block in local]
+        self.num_moe_layers = len(local)
+        self.num_expert_groups = 1
+        self.num_shared_experts = 0
+        self.num_logical_experts = self.num_physical_experts = count
+        self.num_local_physical_experts = self.num_routed_experts = count
+        self.num_redundant_experts = 0
+        return local
 
     def afd_compute_experts(
         self, layer: int, hidden: torch.Tensor, routing: ExpertRouting

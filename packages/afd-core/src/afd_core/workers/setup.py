@@ -9,14 +9,20 @@ A role worker calls, after loading its model:
 3. :func:`build_connector` — the configured connector class from the registry,
    constructed for this rank (no communication yet: ``initialize()`` is the caller's).
 
+:func:`role_worker_setup` does steps 1 and 2 from vLLM's config (checking that AFD is on
+for the worker's role) and returns a :class:`RoleWorkerSetup`, whose
+:meth:`~RoleWorkerSetup.new_connector` is step 3: every role worker opens its connector
+this way.
+
 Pure Python: vLLM objects are duck-typed, nothing here imports vLLM or torch.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from afd_core.config import AFDConfig
+from afd_core.config import AFDConfig, afd_config_from_vllm
 from afd_core.connector import Connector, WireSpec
 from afd_core.errors import AFDConfigError
 from afd_core.registry import get_registry
@@ -111,3 +117,42 @@ def build_connector(config: AFDConfig, role_rank: int, wire: WireSpec) -> Connec
             "subclass of afd_core.connector.Connector; fix the plugin that registers it"
         )
     return cls(config, role_rank, wire)
+
+
+@dataclass(frozen=True)
+class RoleWorkerSetup:
+    """What a role worker opens its connector with: its AFD ``config``, its ``role_rank``
+    and the ``wire`` spec of its loaded model."""
+
+    config: AFDConfig
+    role_rank: int
+    wire: WireSpec
+
+    def new_connector(self) -> Connector:
+        """A new connector for this worker (:func:`build_connector`; no rendezvous yet).
+
+        Each call builds another one (the FFN role builds one per rendezvous).
+        """
+        return build_connector(self.config, self.role_rank, self.wire)
+
+
+def role_worker_setup(vllm_config: Any, model: Any, role: Role, tp_rank: int) -> RoleWorkerSetup:
+    """The setup of a ``role`` worker whose ``model`` is loaded (steps 1 and 2 above).
+
+    ``vllm_config`` is vLLM's ``VllmConfig`` (duck-typed: ``additional_config``,
+    ``parallel_config``, ``model_config.architecture``); ``tp_rank`` the worker's tensor
+    parallel rank. Raises AFDConfigError when ``additional_config`` has no "afd" config
+    or one for the other role, for a layout the roles cannot run
+    (:func:`resolve_role_rank`) and for a model that is not an AFD wrapper
+    (:func:`model_wire_spec`).
+    """
+    config = afd_config_from_vllm(vllm_config, expected_role=role)
+    if config is None:
+        raise AFDConfigError(
+            f'AFD: the {role} worker runs without additional_config["afd"]; give the '
+            f'deployment an "afd" config with "role": "{role}", or serve it with vLLM\'s '
+            "own worker"
+        )
+    role_rank = resolve_role_rank(config, vllm_config.parallel_config, tp_rank)
+    wire = model_wire_spec(model, vllm_config.model_config.architecture, role)
+    return RoleWorkerSetup(config, role_rank, wire)
