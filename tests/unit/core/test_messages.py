@@ -21,6 +21,7 @@ from afd_core.runtime.messages.headers import (  # noqa: E402
     HeaderedBuffer,
     HeaderWriter,
     IncomingHeaders,
+    MessageHeader,
     OutgoingHeaders,
     read_header,
 )
@@ -161,8 +162,8 @@ def test_the_step_rows_are_the_headers_of_every_layer_and_direction():
         a2f = TransferHeader.decode(bytes(outgoing.row(row).tolist()))
         assert (a2f.direction, a2f.step_id, a2f.layer, a2f.num_tokens) == ("a2f", STEP, layer, 4)
         assert a2f.logits_width == 3
-        writer.expect(bytes(outgoing.row(row).tolist()), "x", "a2f", STEP, layer, 0, TOKENS, 0,
-                      logits_width=3)  # fmt: skip
+        header = MessageHeader("a2f", STEP, layer, 0, TOKENS, 0, logits_width=3)
+        writer.expect(bytes(outgoing.row(row).tolist()), "x", header)
     f2a = bytes(incoming.view[HEADER_BYTES : 2 * HEADER_BYTES])
     assert TransferHeader.decode(f2a).logits_width == 0  # replies carry no logits
 
@@ -170,9 +171,10 @@ def test_the_step_rows_are_the_headers_of_every_layer_and_direction():
 def test_a_header_mismatch_names_the_sender_and_both_views():
     writer = HeaderWriter(WIRE)
     sent = bytearray(HEADER_BYTES)
-    writer.write(memoryview(sent), 0, "f2a", STEP + 1, 0, 0, 3, 0)
+    writer.write(memoryview(sent), 0, MessageHeader("f2a", STEP + 1, 0, 0, 3, 0))
     with pytest.raises(AFDProtocolError) as err:
-        writer.expect(bytes(sent), "FFN rank 0 (world rank 0)", "f2a", STEP, 0, 0, 2, 0)
+        expected = MessageHeader("f2a", STEP, 0, 0, 2, 0)
+        writer.expect(bytes(sent), "FFN rank 0 (world rank 0)", expected)
     message = str(err.value)
     assert f"step_id: received {STEP + 1}, expected {STEP}" in message
     assert "num_tokens: received 3, expected 2" in message
@@ -186,11 +188,12 @@ def test_a_headered_buffer_keeps_zero_padding_when_headers_are_written_again():
     assert not buffer.tensor[:HEADER_BYTES].any()
     buffer.tensor[HEADER_BYTES:].fill_(0xFF)  # bodies after the header change nothing in it
     for step_id, rows in ((7, 5), (8, 0)):
-        writer.write(buffer.header, 0, "a2f", step_id, 1, 0, rows, 0, topk=2)
+        header = MessageHeader("a2f", step_id, 1, 0, rows, 0, topk=2)
+        writer.write(buffer.header, 0, header)
         buffer.publish_header()
         raw = read_header(transport, buffer.tensor)
         assert writer.num_tokens_of(raw) == rows
-        writer.expect(raw, "attention rank 0", "a2f", step_id, 1, 0, rows, 0, topk=2)
+        writer.expect(raw, "attention rank 0", header)
     assert buffer.nbytes == 256
 
 

@@ -40,9 +40,9 @@ from afd_core.runtime.control.channel import ControlSender
 from afd_core.runtime.endpoint_context import EndpointContext, take_in_flight
 from afd_core.runtime.expert.messages import body_bytes, pack_body
 from afd_core.runtime.expert.routing import combine, rows_per_rank
+from afd_core.runtime.messages import headers
 from afd_core.runtime.messages.forms import headed
 from afd_core.runtime.messages.frames import FrameLayout, frame_rows
-from afd_core.runtime.messages.headers import HeaderedBuffers, HeaderWriter, read_header
 from afd_core.step_exchanges import StepExchanges
 from afd_core.transport import Transfer, TransferFailed
 from afd_core.wire import HEADER_BYTES
@@ -136,11 +136,11 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
         self._dtype = getattr(torch, wire.dtype)
         self._layers = wire.exchange_layers
         self._exchanges = StepExchanges(self._layers, f"attention rank {self._role_rank}")
-        self._headers = HeaderWriter(wire)
+        self._header_writer = headers.HeaderWriter(wire)
         self._owners = torch.tensor(placement.owners(), dtype=torch.int64, device=transport.device)
         self._step: _Step | None = None
         self._inflight: dict[int, _InFlight] = {}
-        self._buffers = HeaderedBuffers(transport)
+        self._buffers = headers.HeaderedBuffers(transport)
         self.dispatched = DispatchCounts()
 
     @guarded
@@ -214,9 +214,9 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
                 raise ffn.failures.error(exc, doing) from None
         parts = []
         for f, route in enumerate(inflight.routes):
-            raw = read_header(route.ffn.transport, route.reply)
-            self._headers.expect(raw, route.ffn.name, "f2a", step.step_id, layer, stage,
-                                 route.count, f)  # fmt: skip
+            raw = headers.read_header(route.ffn.transport, route.reply)
+            expected = headers.MessageHeader("f2a", step.step_id, layer, stage, route.count, f)
+            self._header_writer.expect(raw, route.ffn.name, expected)
             if route.count:
                 partial = frame_rows(route.reply, route.reply_layout, self._wire.hidden_size,
                                      self._dtype)  # fmt: skip
@@ -282,8 +282,9 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
         if count:
             pack_body(message[HEADER_BYTES : HEADER_BYTES + nbytes], hidden, ids, weights, rows,
                       self._wire)  # fmt: skip
-        self._headers.write(buffer.header, 0, "a2f", step_id, layer, stage, count,
-                            self._role_rank, topk=self._wire.top_k)  # fmt: skip
+        header = headers.MessageHeader("a2f", step_id, layer, stage, count, self._role_rank,
+                               topk=self._wire.top_k)  # fmt: skip
+        self._header_writer.write(buffer.header, 0, header)
         buffer.publish_header()
         if self._transport.accepts_short_messages:
             return [message[: HEADER_BYTES + nbytes]]

@@ -35,8 +35,8 @@ from afd_core.failures import guarded, guarded_until_closed, layer_of_step
 from afd_core.runtime.endpoint_context import EndpointContext
 from afd_core.runtime.expert.messages import body_bytes, unpack_body
 from afd_core.runtime.expert.routing import localize
+from afd_core.runtime.messages import headers
 from afd_core.runtime.messages.frames import FrameLayout, frame_rows
-from afd_core.runtime.messages.headers import HeaderedBuffers, HeaderWriter, read_header
 from afd_core.step_exchanges import StepExchanges
 from afd_core.transport import Transfer, TransferFailed
 from afd_core.wire import HEADER_BYTES
@@ -98,9 +98,9 @@ class ExpertFFNEndpoint(FFNEndpoint):
         self._dtype = getattr(torch, wire.dtype)
         self._layers = wire.exchange_layers
         self._exchanges = StepExchanges(self._layers, f"FFN rank {self._role_rank}")
-        self._headers = HeaderWriter(wire)
+        self._header_writer = headers.HeaderWriter(wire)
         self._bodies: dict[tuple[int, int], torch.Tensor] = {}
-        self._replies = HeaderedBuffers(context.transport)
+        self._replies = headers.HeaderedBuffers(context.transport)
         self._sources: dict[int, list[_Source]] = {}
         self.received = ReceivedRows({})
 
@@ -295,10 +295,11 @@ class ExpertFFNEndpoint(FFNEndpoint):
     ) -> int:
         """The routed row count the header of a received ``message`` announces, after
         checking the rest."""
-        raw = read_header(self._transport, message)
-        rows = self._headers.num_tokens_of(raw)
-        self._headers.expect(raw, link.name, "a2f", step_id, layer, stage, rows, link.rank,
-                             topk=self._wire.top_k)  # fmt: skip
+        raw = headers.read_header(self._transport, message)
+        rows = self._header_writer.num_tokens_of(raw)
+        expected = headers.MessageHeader("a2f", step_id, layer, stage, rows, link.rank,
+                                 topk=self._wire.top_k)  # fmt: skip
+        self._header_writer.expect(raw, link.name, expected)
         if rows > room:
             raise AFDProtocolError(
                 f"AFD data: {link.name} routed {rows} rows of layer {layer} to FFN rank "
@@ -310,8 +311,10 @@ class ExpertFFNEndpoint(FFNEndpoint):
         """``source``'s reply: a frame of the header, then its rows of ``output``."""
         layout = FrameLayout.of(self._wire, source.rows)
         buffer = self._replies.get((source.rank, stage), layout.size)
-        self._headers.write(buffer.header, 0, "f2a", source.step_id, layer, stage,
-                            source.rows, self._role_rank)  # fmt: skip
+        header = headers.MessageHeader(
+            "f2a", source.step_id, layer, stage, source.rows, self._role_rank
+        )
+        self._header_writer.write(buffer.header, 0, header)
         buffer.publish_header()
         if source.rows:
             rows = frame_rows(buffer.tensor, layout, self._wire.hidden_size, self._dtype)

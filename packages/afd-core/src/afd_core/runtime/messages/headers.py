@@ -27,6 +27,7 @@ Two ways to hold headers, one per kind of exchange:
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from afd_core.metadata import TransferHeader
@@ -52,33 +53,37 @@ def check_header(raw: bytes, expected: bytes, sender: str) -> None:
         raise_header_mismatch(raw, TransferHeader.decode(expected), sender)
 
 
+@dataclass(frozen=True, slots=True)
+class MessageHeader:
+    """What the header of one message says besides the wire spec's dtype and hidden size
+    (the fields of :class:`~afd_core.metadata.TransferHeader`)."""
+
+    direction: str
+    step_id: int
+    layer: int
+    stage: int
+    num_tokens: int
+    sender_rank: int
+    logits_width: int = 0
+    topk: int = 0
+
+
 class HeaderWriter:
     """Writes and checks the data headers of one wire spec (see the module docstring)."""
 
     def __init__(self, wire: WireSpec) -> None:
         self._wire = wire
-        self._codec = HeaderCodec(wire)
+        self._pack = HeaderCodec(wire).pack_into
+        self._num_tokens_of = HeaderCodec(wire).num_tokens_of
         self._expected = bytearray(HEADER_BYTES)
         self._expected_view = memoryview(self._expected)
 
-    def write(
-        self,
-        view: memoryview,
-        offset: int,
-        direction: str,
-        step_id: int,
-        layer: int,
-        stage: int,
-        num_tokens: int,
-        sender_rank: int,
-        *,
-        logits_width: int = 0,
-        topk: int = 0,
-    ) -> None:
-        """Write the header of one message at ``view[offset:offset + 64]`` (the padding
-        bytes stay as they are: header memory starts zeroed)."""
-        self._codec.pack_into(view, offset, direction, step_id, layer, stage, num_tokens,
-                              sender_rank, logits_width=logits_width, topk=topk)  # fmt: skip
+    def write(self, view: memoryview, offset: int, header: MessageHeader) -> None:
+        """Write ``header`` at ``view[offset:offset + 64]`` (the padding bytes stay as they
+        are: header memory starts zeroed)."""
+        h = header
+        self._pack(view, offset, h.direction, h.step_id, h.layer, h.stage, h.num_tokens,
+                   h.sender_rank, logits_width=h.logits_width, topk=h.topk)  # fmt: skip
 
     def write_stage(
         self,
@@ -95,37 +100,22 @@ class HeaderWriter:
         ``a2f`` and of ``f2a`` for every exchange layer. The attention rank writes its
         outgoing rows into ``a2f`` and the rows it expects into ``f2a``; the FFN rank the
         other way round. A2F headers carry the layer's router-logit width."""
-        wire, layers = self._wire, self._wire.exchange_layers
+        wire, layers, pack = self._wire, self._wire.exchange_layers, self._pack
         for i, layer in enumerate(layers):
             offset = (stage * len(layers) + i) * HEADER_BYTES
-            self.write(a2f, offset, "a2f", step_id, layer, stage, num_tokens, attention_rank,
-                       logits_width=wire.logits_width_at(layer))  # fmt: skip
-            self.write(f2a, offset, "f2a", step_id, layer, stage, num_tokens, ffn_rank)
+            pack(a2f, offset, "a2f", step_id, layer, stage, num_tokens, attention_rank,
+                 logits_width=wire.logits_width_at(layer))  # fmt: skip
+            pack(f2a, offset, "f2a", step_id, layer, stage, num_tokens, ffn_rank)
 
-    def expect(
-        self,
-        raw: bytes,
-        sender: str,
-        direction: str,
-        step_id: int,
-        layer: int,
-        stage: int,
-        num_tokens: int,
-        sender_rank: int,
-        *,
-        logits_width: int = 0,
-        topk: int = 0,
-    ) -> None:
-        """:func:`check_header` of ``raw`` against the header :meth:`write` writes for
-        these values."""
-        self.write(self._expected_view, 0, direction, step_id, layer, stage, num_tokens,
-                   sender_rank, logits_width=logits_width, topk=topk)  # fmt: skip
+    def expect(self, raw: bytes, sender: str, header: MessageHeader) -> None:
+        """:func:`check_header` of ``raw`` against ``header`` as :meth:`write` writes it."""
+        self.write(self._expected_view, 0, header)
         check_header(raw, bytes(self._expected), sender)
 
     def num_tokens_of(self, raw: bytes) -> int:
         """The token (row) count a received header announces, unchecked: :meth:`expect`
         the whole header with it afterwards."""
-        return self._codec.num_tokens_of(raw)
+        return self._num_tokens_of(raw)
 
 
 class _HostRows:
