@@ -12,8 +12,8 @@ from anything else on the host):
 * **framed**: header messages without the connector: a 64-byte header message and then
   the hidden states each way, posted in the connector's order. That is how the
   connector sends messages above its frame limit (1 MiB; up to it a message is one
-  frame, header and tensors together: ``afd_core.runtime.p2p.frames``). ``framed / raw`` is what
-  a header message of its own costs;
+  frame, header and tensors together: ``afd_core.runtime.messages.frames``).
+  ``framed / raw`` is what a header message of its own costs;
 * **inline**: the frame form's essential work written inline, without the endpoints:
   the attention side copies a 64-byte header and the hidden states into a reused frame,
   posts the receive of the reply into a frame allocated one layer ahead and the send,

@@ -1,4 +1,5 @@
-"""How integration tests recognise the error of a rank whose peer went away."""
+"""How integration tests recognise the error of a rank whose peer went away, and make a
+peer that breaks the protocol."""
 
 from __future__ import annotations
 
@@ -16,3 +17,15 @@ def reports_peer_gone(error: str | None, peer: str, doing: str) -> bool:
         return True
     watched = f"{peer} is gone: " in error or f"{peer} left: " in error
     return watched and f"(while waiting for {doing})" in error
+
+
+def skip_the_exchange_rule(layers: tuple[int, ...]) -> None:
+    """Make this process a peer whose build skips the rule of a step's exchanges
+    (:class:`~afd_core.step_exchanges.StepExchanges` admits any layer of ``layers``, in
+    any order), so that a mispaired layer reaches the wire and the receiver's header check."""
+    from afd_core.step_exchanges import StepExchanges
+
+    def take(self: StepExchanges, layer: int, stage: int) -> int:
+        return stage * len(layers) + layers.index(layer)
+
+    StepExchanges.take = take  # type: ignore[method-assign]

@@ -20,7 +20,7 @@ from afd_core.config import AFDConfig
 from afd_core.connector import ExpertRouting, WireSpec
 from afd_core.metadata import AFDDPMetadata, ControlPayload
 from afd_core.placement import ExpertPlacement
-from tests.integration.peer_errors import reports_peer_gone
+from tests.integration.peer_errors import reports_peer_gone, skip_the_exchange_rule
 
 E, K, H = 8, 2, 16
 LAYERS = (1, 2, 3)  # layer 0 is dense: it does not exchange
@@ -163,6 +163,7 @@ def ffn_one(port: int) -> None:
 
 
 def attention_sending_layer_2(port: int) -> None:
+    skip_the_exchange_rule(WIRE.exchange_layers)  # else it refuses layer 2 first itself
     conn = connect("attention", 0, port, 1, 2)
     try:
         conn.attention.begin_step(ControlPayload(5, 0, (AFDDPMetadata(0, (2,)),)))

@@ -23,7 +23,7 @@ from afd_core.connector import Connector, WireSpec
 from afd_core.connectors.gloo import P2pGlooAFDConnector
 from afd_core.metadata import AFDDPMetadata, ControlPayload
 from afd_core.runtime.liveness import SILENCE_S
-from tests.integration.peer_errors import reports_peer_gone
+from tests.integration.peer_errors import reports_peer_gone, skip_the_exchange_rule
 from tests.unit.core.loopback import RecordingReplayGuard
 
 LAYERS = 3
@@ -287,6 +287,7 @@ def ffn_expecting_layer_0(port: int) -> None:
 
 
 def attention_sending_layer_1(port: int) -> None:
+    skip_the_exchange_rule(WIRE.exchange_layers)  # else it refuses layer 1 first itself
     conn = connect("attention", 0, port, 1, 1)
     try:
         conn.attention.begin_step(payload(0, 5, (2,)))

@@ -3,7 +3,7 @@
 Real composed connectors (control sender and inbox threads, endpoints, header rows) on
 :mod:`tests.unit.core.loopback` instead of gloo: the protocol's rules without sockets.
 On the host data planes the tests' small messages are frames (header and tensors in one
-message, :mod:`afd_core.runtime.p2p.frames`); the ``message_form`` fixture runs a test a second
+message, :mod:`afd_core.runtime.messages.frames`); the ``message_form`` fixture runs a test a second
 time with every message as a header message and bare tensors, the form that messages
 above the frame limit take.
 """
@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 from afd_core.connector import WireSpec  # noqa: E402
 from afd_core.errors import AFDPeerError, AFDProtocolError, AFDShutdown  # noqa: E402
 from afd_core.metadata import AFDDPMetadata, ControlPayload  # noqa: E402
-from afd_core.runtime.p2p import frames  # noqa: E402
+from afd_core.runtime.messages import frames  # noqa: E402
 from tests.unit.core.loopback import DATA_PLANES, close_all, loopback_connectors  # noqa: E402
 
 
@@ -222,7 +222,7 @@ def test_a_step_may_not_start_before_the_previous_one_exchanged_every_layer(pair
     step = ffn.ffn.next_step()
     ffn.ffn.send(ffn.ffn.recv(step, 0, 0), torch.ones(2, 4))
     attn.attention.recv(0, 0)
-    with pytest.raises(AFDProtocolError, match="after 1 layer exchanges in step 3, expected 2"):
+    with pytest.raises(AFDProtocolError, match="after 1 of the 2 layer exchanges of step 3"):
         attn.attention.begin_step(payload(0, 4, 2))
     with pytest.raises(AFDProtocolError, match="failed earlier; close it"):
         attn.attention.send(1, 0, torch.ones(2, 4))
@@ -248,29 +248,28 @@ def test_the_result_of_another_layer_is_not_handed_out(pair):
         attn.attention.recv(1, 0)
 
 
-def test_the_ffn_rank_names_both_views_of_a_mispaired_layer(pair):
-    attn, ffn = pair
-    attn.attention.send(1, 0, torch.ones(2, 4))  # layer 1 where FFN expects layer 0
-    step = ffn.ffn.next_step()
-    with pytest.raises(
-        AFDProtocolError,
-        match=r"layer: received 1, expected 0.*\[sent by attention rank 0 \(world rank 1\)\]",
-    ):
-        ffn.ffn.recv(step, 0, 0)
+def test_the_attention_rank_refuses_a_layer_out_of_order_naming_both_layers(pair):
+    attn, _ = pair
+    with pytest.raises(AFDProtocolError, match=r"exchanged layer 1 in stage 0 of step 3 where "
+                       r"layer 0 \(exchange 1 of 2\) was expected"):  # fmt: skip
+        attn.attention.send(1, 0, torch.ones(2, 4))
 
 
-def test_the_attention_rank_names_both_views_of_a_mispaired_reply(pair):
+def test_the_ffn_rank_refuses_a_layer_out_of_order_and_a_result_it_did_not_receive(pair):
     attn, ffn = pair
     attn.attention.send(0, 0, torch.ones(2, 4))
     step = ffn.ffn.next_step()
-    batch = ffn.ffn.recv(step, 0, 0)
-    batch.layer = 1  # the FFN rank answers as if for layer 1
-    ffn.ffn.send(batch, batch.hidden)
-    with pytest.raises(
-        AFDProtocolError,
-        match=r"f2a message .* layer: received 1, expected 0.*\[sent by FFN rank 0",
-    ):
-        attn.attention.recv(0, 0)
+    with pytest.raises(AFDProtocolError, match=r"FFN rank 0 exchanged layer 1 .* where layer 0"):
+        ffn.ffn.recv(step, 1, 0)
+
+
+def test_the_ffn_rank_sends_only_the_result_of_the_layer_it_received(pair):
+    attn, ffn = pair
+    attn.attention.send(0, 0, torch.ones(2, 4))
+    batch = ffn.ffn.recv(ffn.ffn.next_step(), 0, 0)
+    batch.layer = 1  # as if answering for layer 1
+    with pytest.raises(AFDProtocolError, match=r"result of layer 1 stage 0, but received layer 0"):
+        ffn.ffn.send(batch, batch.hidden)
 
 
 def test_an_ffn_output_of_the_wrong_size_is_refused(pair):

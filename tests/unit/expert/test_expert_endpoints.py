@@ -164,17 +164,19 @@ def test_a_dense_layer_is_not_an_exchange_layer():
         close_all([attn], ffn)
 
 
-def test_the_ffn_rank_names_both_views_of_a_mispaired_layer():
+def test_both_sides_refuse_a_layer_out_of_order_naming_both_layers():
     (attn,), ffn = loopback_connectors(1, 1, WIRE, exchange="expert")
     try:
         attn.attention.begin_step(payload(0, 0, 1))
-        attn.attention.send(
-            2, 0, torch.zeros(1, H), routing=ExpertRouting(ids((0, 1)), torch.ones(1, K))
-        )
+        routing = ExpertRouting(ids((0, 1)), torch.ones(1, K))
+        with pytest.raises(AFDProtocolError, match=r"attention rank 0 exchanged layer 2 .* "
+                           r"where layer 1 \(exchange 1 of 2\)"):  # fmt: skip
+            attn.attention.send(2, 0, torch.zeros(1, H), routing=routing)
         step = ffn[0].ffn.next_step()
-        with pytest.raises(AFDProtocolError, match=r"layer: received 2, expected 1.*\[sent by "
-                           r"attention rank 0 \(world rank 1\)\]"):  # fmt: skip
-            ffn[0].ffn.recv(step, 1, 0)
+        with pytest.raises(
+            AFDProtocolError, match=r"FFN rank 0 exchanged layer 2 .* where layer 1"
+        ):
+            ffn[0].ffn.recv(step, 2, 0)
     finally:
         close_all([attn], ffn)
 

@@ -2,7 +2,9 @@
 
 No torch, no vLLM: a :class:`FakeTensor` has a shape and a dtype name; the
 :class:`RecordingConnector` implements the :class:`~afd_core.connector.Connector` contract
-in memory (its endpoints record every call in the connector's ``events``).
+in memory (its endpoints record every call in the connector's ``events``; its attention
+endpoint keeps the rule of a step's exchanges with afd-core's
+:class:`~afd_core.step_exchanges.StepExchanges`, as the contract asks of every endpoint).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from afd_core.connector import (
 )
 from afd_core.errors import AFDShutdown
 from afd_core.metadata import ControlPayload
+from afd_core.step_exchanges import StepExchanges
 
 WIRE = WireSpec(hidden_size=8, dtype="bfloat16", num_exchange_layers=3)
 
@@ -64,8 +67,13 @@ class _RecordingAttention(AttentionEndpoint):
     def __init__(self, owner: RecordingConnector) -> None:
         self._owner = owner
         self._sent: dict[int, Any] = {}
+        self._exchanges = StepExchanges(
+            owner.wire.exchange_layers, f"attention rank {owner.role_rank}"
+        )
 
     def begin_step(self, payload: ControlPayload) -> None:
+        replay = payload.is_graph_step and not payload.is_graph_capturing
+        self._exchanges.begin(payload.step_id, len(payload.stages), exchanges=not replay)
         self._owner.events.append(("begin_step", payload))
 
     def send(
@@ -77,11 +85,13 @@ class _RecordingAttention(AttentionEndpoint):
         router_logits: Any | None = None,
         routing: ExpertRouting | None = None,
     ) -> None:
+        self._exchanges.take(layer, stage)
         self._owner.events.append(("send", layer, stage, hidden, router_logits, routing))
         self._sent[stage] = hidden
 
     def recv(self, layer: int, stage: int) -> Any:
         self._owner.events.append(("recv", layer, stage))
+        self._exchanges.finish()
         hidden = self._sent.pop(stage)
         return FakeTensor(hidden.shape, hidden.dtype)
 

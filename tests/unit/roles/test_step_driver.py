@@ -123,11 +123,15 @@ def test_explicit_begin_step_ignores_dummy_flags():
     assert not payload.is_warmup
 
 
-def test_layers_out_of_order_raise_a_protocol_error_naming_both_layers():
+# The rule of a step's exchanges is the endpoint's; the driver counts nothing and passes
+# the endpoint's errors on (the recording endpoint keeps afd-core's StepExchanges).
+
+
+def test_layers_out_of_order_raise_the_endpoints_protocol_error_naming_both_layers():
     driver, _, _ = make_driver()
     driver.begin_step(2)
     driver.exchange(FakeTensor((2, 8)), None, 0)
-    with pytest.raises(AFDProtocolError, match=r"layer 2 where layer 1"):
+    with pytest.raises(AFDProtocolError, match=r"layer 2 in stage 0 of step 0 where layer 1"):
         driver.exchange(FakeTensor((2, 8)), None, 2)
 
 
@@ -136,7 +140,7 @@ def test_a_new_step_before_the_previous_one_exchanged_every_layer_is_a_protocol_
     driver.begin_step(2)
     driver.exchange(FakeTensor((2, 8)), None, 0)
     forwards.append(Forward())
-    with pytest.raises(AFDProtocolError, match=r"step 0 ended after 1 of 3"):
+    with pytest.raises(AFDProtocolError, match=r"starts step 1 after 1 of the 3 layer"):
         driver.begin_step(2)
 
 
@@ -144,7 +148,19 @@ def test_exchanging_past_the_last_layer_in_one_forward_is_a_protocol_error():
     driver, _, _ = make_driver()
     driver.begin_step(2)
     run_layers(driver, 2)
-    with pytest.raises(AFDProtocolError, match=r"carries step 0.*in progress is none"):
+    with pytest.raises(AFDProtocolError, match=r"after step 0 exchanged all its 3 layers"):
+        driver.exchange(FakeTensor((2, 8)), None, 0)
+
+
+def test_step_metadata_of_another_forward_is_a_protocol_error():
+    driver, _, forwards = make_driver()
+    driver.begin_step(2)
+    stale = forwards[-1].kwargs[METADATA_KEY]
+    run_layers(driver, 2)
+    forwards.append(Forward())
+    driver.begin_step(2)
+    forwards[-1].kwargs[METADATA_KEY] = stale
+    with pytest.raises(AFDProtocolError, match=r"carries step 0, but the step begun last is 1"):
         driver.exchange(FakeTensor((2, 8)), None, 0)
 
 
@@ -167,14 +183,15 @@ def test_router_logits_travel_only_when_the_wire_spec_has_them():
         assert sent[3] is expected
 
 
-def test_custom_exchange_layers_are_checked_in_their_order():
-    driver, connector, _ = make_driver(layers=(1, 3, 5))
+def test_custom_exchange_layers_are_exchanged_in_their_order():
+    wire = replace(WIRE, exchange_layer_ids=(1, 3, 5))
+    driver, connector, _ = make_driver(wire=wire, layers=(1, 3, 5))
     driver.begin_step(1)
     run_layers(driver, 1, layers=(1, 3, 5))
     assert [c[0] for c in connector.calls("send")] == [1, 3, 5]
     assert driver.completed_steps == 1
 
 
-def test_exchange_layers_must_match_the_wire_spec_count():
-    with pytest.raises(ValueError, match=r"2 exchange layers"):
+def test_exchange_layers_must_be_the_wire_specs():
+    with pytest.raises(ValueError, match=r"exchanges layers \(0, 1\) but the wire spec"):
         make_driver(layers=(0, 1))

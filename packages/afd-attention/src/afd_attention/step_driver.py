@@ -13,8 +13,11 @@ the scheduled token count before the model runs) or lazily at the first exchange
 forward whose context carries no ``afd_metadata`` (profile, warm-up and dummy runs, which
 call the model directly); :meth:`StepDriver.dummy_flags` tells the lazy path why the
 forward runs. Every step must exchange every layer of the wire spec exactly once, in
-order; anything else raises :class:`~afd_core.errors.AFDProtocolError`, because the FFN
-rank would otherwise wait for (or compute) the wrong layer.
+order; the connector's attention endpoint owns that rule (the endpoint contract,
+:class:`~afd_core.step_exchanges.StepExchanges`) and raises
+:class:`~afd_core.errors.AFDProtocolError` for anything else, so the driver counts no
+layers itself: it checks only what the endpoint cannot see (the forward's step metadata
+and token count).
 
 CUDA graphs: a step begun while the current stream is being captured is a *capture*
 step (``is_graph_capturing``): its exchanges are recorded into the graph, no data flows
@@ -88,12 +91,6 @@ def stream_is_capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-@dataclass
-class _ActiveStep:
-    metadata: AFDStepMetadata
-    next_index: int = 0
-
-
 class StepDriver:
     """Numbers the steps of one attention rank and runs their per-layer exchanges.
 
@@ -117,10 +114,11 @@ class StepDriver:
         is_capturing: Callable[[], bool] = stream_is_capturing,
     ) -> None:
         layers = tuple(wire.exchange_layers if exchange_layers is None else exchange_layers)
-        if len(layers) != wire.num_exchange_layers:
+        if layers != wire.exchange_layers:
             raise ValueError(
-                f"StepDriver: {len(layers)} exchange layers {layers} but the wire spec "
-                f"announces {wire.num_exchange_layers}"
+                f"StepDriver: the model exchanges layers {layers} but the wire spec "
+                f"announces {wire.exchange_layers}; build the wire spec from the model "
+                "(exchange_layer_ids)"
             )
         self._connector = connector
         self._wire = wire
@@ -129,7 +127,8 @@ class StepDriver:
         self._step_slot = step_slot
         self._is_capturing = is_capturing
         self._next_step_id = 0
-        self._active: _ActiveStep | None = None
+        #: The step begun last (None before the first, and after a replay).
+        self._active: AFDStepMetadata | None = None
         self._dummy_flags: StepFlags | None = None
         #: Steps that exchanged every layer.
         self.completed_steps = 0
@@ -149,13 +148,13 @@ class StepDriver:
 
         Call inside the forward context of the forward that runs the step, before the
         model. On a capturing stream the step is a capture step (see the module
-        docstring). Raises AFDProtocolError when the previous step did not exchange every
-        layer (the FFN rank still waits for its remaining layers).
+        docstring). The endpoint raises AFDProtocolError when the previous step did not
+        exchange every layer (the FFN rank still waits for its remaining layers).
         """
         capturing = self._is_capturing()
         metadata = self._announce(num_tokens, flags, capturing=capturing, replay=False)
         self._step_slot()[METADATA_KEY] = metadata
-        self._active = _ActiveStep(metadata)
+        self._active = metadata
         return metadata
 
     def graph_capture(self) -> AbstractContextManager[None]:
@@ -170,6 +169,7 @@ class StepDriver:
         (``AttentionEndpoint.watch_graph_replay``). Needs no forward context.
         """
         metadata = self._announce(num_tokens, SCHEDULED, capturing=False, replay=True)
+        self._active = None
         self.completed_steps += 1
         result = replay()
         self._connector.attention.watch_graph_replay(metadata.step_id)
@@ -179,14 +179,6 @@ class StepDriver:
         self, num_tokens: int, flags: StepFlags, *, capturing: bool, replay: bool
     ) -> AFDStepMetadata:
         """Number the next step and begin it on the endpoint (see :meth:`begin_step`)."""
-        if self._active is not None:
-            active = self._active
-            raise AFDProtocolError(
-                f"AFD attention rank {self._role_rank}: step {active.metadata.step_id} ended "
-                f"after {active.next_index} of {len(self._layers)} exchange layers; the "
-                "model must run every exchange layer in each forward (a forward was "
-                "interrupted, or the model skips layers)"
-            )
         step_id = self._next_step_id
         metadata = AFDStepMetadata.single_stage(step_id, num_tokens)
         payload = ControlPayload(
@@ -214,22 +206,14 @@ class StepDriver:
 
         Begins the step lazily when the forward has no step metadata yet. Returns a fresh
         tensor shaped like ``hidden`` that the caller owns. Raises AFDProtocolError for a
-        layer out of order or a token count that differs from the step's; the endpoint
-        checks shapes against the wire spec; connector errors propagate.
+        token count that differs from the step's, or step metadata of another forward; the
+        endpoint checks the layer order and shapes; connector errors propagate.
         """
         metadata = self._step_slot().get(METADATA_KEY)
         if metadata is None:
             flags = WARMUP if self._dummy_flags is None else self._dummy_flags
             metadata = self.begin_step(hidden.shape[0], flags)
-        active = self._check_step(metadata)
-        expected_layer = self._layers[active.next_index]
-        if layer != expected_layer:
-            raise AFDProtocolError(
-                f"AFD attention rank {self._role_rank}: step {metadata.step_id} exchanged "
-                f"layer {layer} where layer {expected_layer} (exchange {active.next_index} of "
-                f"{len(self._layers)}) was expected; the model's exchange layers must be "
-                f"{self._layers} in this order"
-            )
+        self._check_step(metadata)
         stage = metadata.stage_index
         if hidden.shape[0] != metadata.padded_lens[stage]:
             raise AFDProtocolError(
@@ -244,9 +228,7 @@ class StepDriver:
             endpoint.send(layer, stage, hidden.contiguous(), router_logits=logits, routing=routing)
         with afd_range(ATTENTION_WAIT, layer):
             out = endpoint.recv(layer, stage)
-        active.next_index += 1
-        if active.next_index == len(self._layers):
-            self._active = None
+        if layer == self._layers[-1]:  # the endpoint took every layer before it, in order
             self.completed_steps += 1
         return out
 
@@ -254,14 +236,12 @@ class StepDriver:
         """:meth:`exchange` of a MoE layer of an expert-routed deployment (its routing)."""
         return self.exchange(hidden, None, layer, ExpertRouting(topk_ids, topk_weights))
 
-    def _check_step(self, metadata: AFDStepMetadata) -> _ActiveStep:
+    def _check_step(self, metadata: AFDStepMetadata) -> None:
         active = self._active
-        if active is None or active.metadata.step_id != metadata.step_id:
-            current = "none" if active is None else str(active.metadata.step_id)
+        if active is None or active.step_id != metadata.step_id:
+            current = "none" if active is None else str(active.step_id)
             raise AFDProtocolError(
                 f"AFD attention rank {self._role_rank}: the forward carries step "
-                f"{metadata.step_id}, but the step in progress is {current}; a forward "
-                "exchanged more layers than the wire spec announces, or reused the step "
-                "metadata of another forward"
+                f"{metadata.step_id}, but the step begun last is {current}; the forward "
+                "reused the step metadata of another forward"
             )
-        return active

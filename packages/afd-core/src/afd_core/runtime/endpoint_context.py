@@ -1,11 +1,12 @@
 """What the role endpoints of one connector share, and the pairing rule of their calls.
 
 Every endpoint (:mod:`afd_core.runtime.p2p`, :mod:`afd_core.runtime.expert`) is built on
-the same few things from its connector and world: the wire spec, its role rank, the data transport,
-the connector's fuse, the way peers are named in errors, and the AFD timeout. They travel
-together as one :class:`EndpointContext`. :func:`active_step` and :func:`take_in_flight`
-are the rules both attention endpoints apply to ``send`` and ``recv``: a step has begun,
-the layer exchanges and the stage exists; one result per ``send``, same layer and stage.
+the same few things from its connector and world: the wire spec, its role rank, the data
+transport, the connector's fuse, the way peers are named in errors, and the AFD timeout.
+They travel together as one :class:`EndpointContext` (the assembler builds it).
+:func:`take_in_flight` is the pairing rule both attention endpoints apply to ``recv``:
+one result per ``send``, same layer and stage (the rule of a step's exchanges is
+:class:`~afd_core.step_exchanges.StepExchanges`).
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from afd_core.errors import AFDProtocolError
 
 if TYPE_CHECKING:
-    from afd_core.connector import Connector, WireSpec
+    from afd_core.connector import WireSpec
     from afd_core.failures import Fuse, PeerFailures
-    from afd_core.runtime.world import World
     from afd_core.transport import Transport
 
 
@@ -33,50 +33,9 @@ class EndpointContext:
     failures: PeerFailures
     timeout_s: float
 
-    @classmethod
-    def of(cls, connector: Connector, world: World) -> EndpointContext:
-        """The context of ``connector``'s endpoint on its open ``world`` (data transport)."""
-        return cls(
-            connector.wire,
-            connector.role_rank,
-            world.data,
-            connector.fuse,
-            world.failures,
-            world.timeout_s,
-        )
-
 
 class _HasLayer(Protocol):
     layer: int
-
-
-class _HasStages(Protocol):
-    step_id: int
-    tokens: tuple[int, ...]
-
-
-S = TypeVar("S", bound=_HasStages)
-
-
-def active_step(
-    step: S | None, layer: int, stage: int, layers: tuple[int, ...], role_rank: int
-) -> S:
-    """``step`` when ``layer`` and ``stage`` may exchange in it; AFDProtocolError otherwise
-    (no step began, ``layer`` is not in ``layers``, ``stage`` is not one of its stages)."""
-    if step is None:
-        raise AFDProtocolError(
-            f"AFD: attention rank {role_rank} exchanges layer {layer} before any step began; "
-            "call begin_step() first"
-        )
-    if layer not in layers:
-        raise AFDProtocolError(
-            f"AFD: layer {layer} is not an exchange layer of the wire spec {layers}"
-        )
-    if not 0 <= stage < len(step.tokens):
-        raise AFDProtocolError(
-            f"AFD: stage {stage} is outside step {step.step_id}'s {len(step.tokens)} stage(s)"
-        )
-    return step
 
 
 F = TypeVar("F", bound=_HasLayer)

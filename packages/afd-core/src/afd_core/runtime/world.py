@@ -9,7 +9,7 @@ own world (:func:`open_ffn_group`). Each opens the same way:
    rank publishes and compares its hello record, so mismatched peers fail here, naming
    both views);
 2. the control transport: a :class:`~afd_core.runtime.gloo.GlooTransport` on the
-   namespace's ``control/`` prefix (control records live in host memory on every
+   namespace's ``control/`` prefix (control messages live in host memory on every
    platform);
 3. the data plane: a transport from the recipe's
    :class:`~afd_core.assembly.TransportPlane` (gloo shares the control group under a

@@ -11,15 +11,18 @@ and weights) and, for every FFN rank, sends
   (float32), packed in that order (:mod:`afd_core.runtime.expert.messages`).
 
 On a transport that accepts a message shorter than its receive (gloo) header and body
-travel as one message (the FFN rank posts one receive with room for every token of the
-stage); otherwise (NCCL) the header is a message of its own, followed by the body when
-it has rows, and the FFN rank reads the header before it receives the body.
+travel as one frame (the FFN rank posts one receive with room for every token of the
+stage); otherwise (NCCL) in the header-then-tensors form
+(:func:`~afd_core.runtime.messages.forms.headed`: the header, then the body when it has
+rows), and the FFN rank reads the header before it receives the body.
 
-Every FFN rank answers with one reply frame, a header and the partial result of its
-experts for those rows (:func:`~afd_core.runtime.expert.messages.reply_bytes`: the attention rank
-knows its size, since it routed the rows); :func:`~afd_core.runtime.expert.routing.combine` adds
+Every FFN rank answers with one frame, a header and the partial result of its experts
+for those rows (:mod:`afd_core.runtime.messages.frames`: the attention rank knows its
+size, since it routed the rows); :func:`~afd_core.runtime.expert.routing.combine` adds
 the partial results up per token. Routed row counts vary per (attention rank, FFN rank,
-layer) and travel in the headers.
+layer) and travel in the headers, which :class:`~afd_core.runtime.messages.headers.HeaderWriter`
+writes and checks. The rule "every layer, every stage, once" is the endpoint's
+(:class:`~afd_core.step_exchanges.StepExchanges`).
 """
 
 from __future__ import annotations
@@ -34,18 +37,15 @@ from afd_core.failures import guarded, layer_of_step
 from afd_core.metadata import ControlPayload
 from afd_core.placement import ExpertPlacement
 from afd_core.runtime.control.channel import ControlSender
-from afd_core.runtime.endpoint_context import EndpointContext, active_step, take_in_flight
-from afd_core.runtime.expert.messages import (
-    HeaderedBuffers,
-    body_bytes,
-    pack_body,
-    read_header,
-    reply_bytes,
-    reply_partial,
-)
+from afd_core.runtime.endpoint_context import EndpointContext, take_in_flight
+from afd_core.runtime.expert.messages import body_bytes, pack_body
 from afd_core.runtime.expert.routing import combine, rows_per_rank
+from afd_core.runtime.messages import headers
+from afd_core.runtime.messages.forms import headed
+from afd_core.runtime.messages.frames import FrameLayout, frame_rows
+from afd_core.step_exchanges import StepExchanges
 from afd_core.transport import Transfer, TransferFailed
-from afd_core.wire import HEADER_BYTES, HeaderCodec
+from afd_core.wire import HEADER_BYTES
 
 if TYPE_CHECKING:
     import torch
@@ -74,18 +74,17 @@ class FFNPeer:
 class _Step:
     step_id: int
     tokens: tuple[int, ...]
-    expected: int
-    done: int = 0
 
 
 @dataclass(slots=True)
 class _Route:
-    """What went to one FFN rank for one layer and stage, and where its answer lands."""
+    """What went to one FFN rank for one layer and stage, and the frame its answer lands in."""
 
     ffn: FFNPeer
     rows: torch.Tensor
     count: int
     reply: torch.Tensor
+    reply_layout: FrameLayout
     transfers: list[Transfer]
 
 
@@ -136,11 +135,12 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
         self._control = control
         self._dtype = getattr(torch, wire.dtype)
         self._layers = wire.exchange_layers
-        self._codec = HeaderCodec(wire)
+        self._exchanges = StepExchanges(self._layers, f"attention rank {self._role_rank}")
+        self._header_writer = headers.HeaderWriter(wire)
         self._owners = torch.tensor(placement.owners(), dtype=torch.int64, device=transport.device)
         self._step: _Step | None = None
         self._inflight: dict[int, _InFlight] = {}
-        self._buffers = HeaderedBuffers(transport)
+        self._buffers = headers.HeaderedBuffers(transport)
         self.dispatched = DispatchCounts()
 
     @guarded
@@ -156,17 +156,10 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
                 f"AFD: step {payload.step_id} is a CUDA graph step; the expert-routed "
                 "connector runs eagerly: start the attention role with --enforce-eager"
             )
-        step = self._step
-        if step is not None and step.done != step.expected:
-            raise AFDProtocolError(
-                f"AFD: attention rank {self._role_rank} starts step {payload.step_id} after "
-                f"{step.done} layer exchanges in step {step.step_id}, expected "
-                f"{step.expected} ({len(self._layers)} MoE layers x {len(step.tokens)} stages); "
-                "every forward must exchange at every MoE layer and stage"
-            )
         tokens = payload.tokens_of(self._role_rank)
+        self._exchanges.begin(payload.step_id, len(tokens))
         self._control.send(payload)
-        self._step = _Step(payload.step_id, tokens, len(tokens) * len(self._layers))
+        self._step = _Step(payload.step_id, tokens)
 
     @guarded
     def send(
@@ -189,14 +182,15 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
         for f, rows in enumerate(rows_per_rank(ids, self._owners, len(self._ffn_peers))):
             ffn, count = self._ffn_peers[f], rows.numel()
             self.dispatched.add(f, layer, count)
-            reply = torch.empty(reply_bytes(count, self._wire), dtype=torch.uint8, device=device)
+            layout = FrameLayout.of(self._wire, count)
+            reply = torch.empty(layout.size, dtype=torch.uint8, device=device)
             sends = self._messages(step.step_id, layer, stage, f, hidden, ids, weights, rows)
             try:
                 transfers = [ffn.transport.post_send(t, ffn.peer) for t in sends]
                 transfers.append(ffn.transport.post_recv(reply, ffn.peer))
             except TransferFailed as exc:
                 raise ffn.failures.error(exc, layer_of_step(layer, step.step_id)) from None
-            routes.append(_Route(ffn, rows, count, reply, transfers))
+            routes.append(_Route(ffn, rows, count, reply, layout, transfers))
         self._inflight[stage] = _InFlight(layer, hidden.shape[0], routes, home)
 
     @guarded
@@ -220,12 +214,14 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
                 raise ffn.failures.error(exc, doing) from None
         parts = []
         for f, route in enumerate(inflight.routes):
-            raw = read_header(route.ffn.transport, route.reply)
-            self._codec.expect(raw, route.ffn.name, "f2a", step.step_id, layer, stage,
-                               route.count, f)  # fmt: skip
+            raw = headers.read_header(route.ffn.transport, route.reply)
+            expected = headers.MessageHeader("f2a", step.step_id, layer, stage, route.count, f)
+            self._header_writer.expect(raw, route.ffn.name, expected)
             if route.count:
-                parts.append((route.rows, reply_partial(route.reply, route.count, self._wire)))
-        step.done += 1
+                partial = frame_rows(route.reply, route.reply_layout, self._wire.hidden_size,
+                                     self._dtype)  # fmt: skip
+                parts.append((route.rows, partial))
+        self._exchanges.finish()
         out = combine(inflight.tokens, parts, self._wire.hidden_size, self._dtype, transport.device)
         return out if out.device == inflight.home else out.to(inflight.home)
 
@@ -236,12 +232,14 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
     def _check_send(
         self, layer: int, stage: int, hidden: torch.Tensor, routing: ExpertRouting | None
     ) -> _Step:
-        step = active_step(self._step, layer, stage, self._layers, self._role_rank)
         if stage in self._inflight:
             raise AFDProtocolError(
                 f"AFD: attention rank {self._role_rank} sends layer {layer} stage {stage} while "
                 "the previous exchange of that stage awaits recv()"
             )
+        self._exchanges.take(layer, stage)
+        step = self._step
+        assert step is not None  # take() raises before the first step
         n, size = step.tokens[stage], self._wire.hidden_size
         if hidden.shape != (n, size) or hidden.dtype != self._dtype:
             raise AFDProtocolError(
@@ -274,8 +272,9 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
         weights: torch.Tensor,
         rows: torch.Tensor,
     ) -> list[torch.Tensor]:
-        """The tensors to send one FFN rank: ``[header + body]``, or ``[header, body]``
-        (no body without rows) where message sizes must match exactly."""
+        """The messages to send one FFN rank: a frame ``[header + body]``, or where message
+        sizes must match exactly the header-then-tensors form ``[header, body]`` (no body
+        without rows)."""
         count = rows.numel()
         nbytes = body_bytes(count, self._wire)
         buffer = self._buffers.get((stage, ffn_rank), HEADER_BYTES + nbytes)
@@ -283,11 +282,10 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
         if count:
             pack_body(message[HEADER_BYTES : HEADER_BYTES + nbytes], hidden, ids, weights, rows,
                       self._wire)  # fmt: skip
-        self._codec.pack_into(buffer.header, 0, "a2f", step_id, layer, stage, count,
-                              self._role_rank, topk=self._wire.top_k)  # fmt: skip
+        header = headers.MessageHeader("a2f", step_id, layer, stage, count, self._role_rank,
+                               topk=self._wire.top_k)  # fmt: skip
+        self._header_writer.write(buffer.header, 0, header)
         buffer.publish_header()
         if self._transport.accepts_short_messages:
             return [message[: HEADER_BYTES + nbytes]]
-        if not count:
-            return [message[:HEADER_BYTES]]
-        return [message[:HEADER_BYTES], message[HEADER_BYTES : HEADER_BYTES + nbytes]]
+        return headed(message[:HEADER_BYTES], (message[HEADER_BYTES : HEADER_BYTES + nbytes],))

@@ -6,9 +6,8 @@ the same steps). Per MoE layer and stage it receives, from every attention rank 
 step, a header whose ``num_tokens`` is the number of rows routed to it and, unless that
 is 0, a body with those rows (:mod:`afd_core.runtime.expert.messages`); it hands the FFN model
 the rows of all attention ranks concatenated with their routing in local expert ids
-(:func:`~afd_core.runtime.expert.routing.localize`), and sends every attention rank one reply
-frame: a header and the partial result of its rows
-(:func:`~afd_core.runtime.expert.messages.reply_bytes`).
+(:func:`~afd_core.runtime.expert.routing.localize`), and sends every attention rank one
+frame: a header and the partial result of its rows (:mod:`afd_core.runtime.messages.frames`).
 
 Each attention rank's messages travel on its link (:mod:`afd_core.runtime.links`: one world
 shared by every rank, or a world of its own per pair on gloo). A lost replaceable link
@@ -16,9 +15,12 @@ drops out of the layer in flight: its rows are empty on this FFN rank and it is 
 nothing, while the other attention ranks of the step are served as usual.
 
 Receiving a body whose size only its header tells: on a transport that accepts a short
-message into a larger receive (gloo) header and body are one message, received into
-room for every token the sender has in the stage, so no handshake is added; otherwise
-(NCCL) the header is a message of its own, read first, then the exact body is received.
+message into a larger receive (gloo) header and body are one frame, received into room
+for every token the sender has in the stage, so no handshake is added; otherwise (NCCL)
+the header is a message of its own, read first, then the exact body is received. Headers
+are written and checked by :class:`~afd_core.runtime.messages.headers.HeaderWriter`; the
+rule "every layer, every stage, once" is the endpoint's
+(:class:`~afd_core.step_exchanges.StepExchanges`).
 """
 
 from __future__ import annotations
@@ -31,17 +33,13 @@ from afd_core.connector import ExpertRouting, FFNEndpoint, FFNLayerBatch, FFNSte
 from afd_core.errors import AFDProtocolError
 from afd_core.failures import guarded, guarded_until_closed, layer_of_step
 from afd_core.runtime.endpoint_context import EndpointContext
-from afd_core.runtime.expert.messages import (
-    HeaderedBuffers,
-    body_bytes,
-    read_header,
-    reply_bytes,
-    reply_partial,
-    unpack_body,
-)
+from afd_core.runtime.expert.messages import body_bytes, unpack_body
 from afd_core.runtime.expert.routing import localize
+from afd_core.runtime.messages import headers
+from afd_core.runtime.messages.frames import FrameLayout, frame_rows
+from afd_core.step_exchanges import StepExchanges
 from afd_core.transport import Transfer, TransferFailed
-from afd_core.wire import HEADER_BYTES, HeaderCodec
+from afd_core.wire import HEADER_BYTES
 
 if TYPE_CHECKING:
     import torch
@@ -99,9 +97,10 @@ class ExpertFFNEndpoint(FFNEndpoint):
         self._step: RelayedStep | None = None
         self._dtype = getattr(torch, wire.dtype)
         self._layers = wire.exchange_layers
-        self._codec = HeaderCodec(wire)
+        self._exchanges = StepExchanges(self._layers, f"FFN rank {self._role_rank}")
+        self._header_writer = headers.HeaderWriter(wire)
         self._bodies: dict[tuple[int, int], torch.Tensor] = {}
-        self._replies = HeaderedBuffers(context.transport)
+        self._replies = headers.HeaderedBuffers(context.transport)
         self._sources: dict[int, list[_Source]] = {}
         self.received = ReceivedRows({})
 
@@ -113,20 +112,20 @@ class ExpertFFNEndpoint(FFNEndpoint):
     @guarded_until_closed
     def next_step(self) -> FFNStep | None:
         relayed = self._relay.next_step()
+        if relayed is not None:
+            step = relayed.step
+            self._exchanges.begin(step.payloads[0].step_id, step.num_stages)
         self._step = relayed
         return None if relayed is None else relayed.step
 
     @guarded
     def recv(self, step: FFNStep, layer: int, stage: int) -> FFNLayerBatch:
-        if layer not in self._layers:
-            raise AFDProtocolError(
-                f"AFD: layer {layer} is not an exchange (MoE) layer of the wire spec {self._layers}"
-            )
         relayed = self._step
         if relayed is None or relayed.step is not step:
             raise AFDProtocolError(
                 f"AFD: FFN rank {self._role_rank} received a step its next_step() did not give"
             )
+        self._exchanges.take(layer, stage)
         deadline = time.monotonic() + self._timeout_s
         inline = self._transport.accepts_short_messages
         posted: list[tuple[_Source, torch.Tensor | None, list[Transfer]]] = []
@@ -201,6 +200,7 @@ class ExpertFFNEndpoint(FFNEndpoint):
         deadline = time.monotonic() + self._timeout_s
         for source, transfers in posted:
             self._wait(source, transfers, batch.layer, deadline)
+        self._exchanges.finish()
         for transport in {id(s.link.data): s.link.data for s, _ in posted if s.link}.values():
             try:
                 transport.synchronize(deadline)
@@ -295,10 +295,11 @@ class ExpertFFNEndpoint(FFNEndpoint):
     ) -> int:
         """The routed row count the header of a received ``message`` announces, after
         checking the rest."""
-        raw = read_header(self._transport, message)
-        rows = self._codec.num_tokens_of(raw)
-        self._codec.expect(raw, link.name, "a2f", step_id, layer, stage, rows, link.rank,
-                           topk=self._wire.top_k)  # fmt: skip
+        raw = headers.read_header(self._transport, message)
+        rows = self._header_writer.num_tokens_of(raw)
+        expected = headers.MessageHeader("a2f", step_id, layer, stage, rows, link.rank,
+                                 topk=self._wire.top_k)  # fmt: skip
+        self._header_writer.expect(raw, link.name, expected)
         if rows > room:
             raise AFDProtocolError(
                 f"AFD data: {link.name} routed {rows} rows of layer {layer} to FFN rank "
@@ -307,17 +308,18 @@ class ExpertFFNEndpoint(FFNEndpoint):
         return rows
 
     def _reply(self, source: _Source, layer: int, stage: int, output: torch.Tensor) -> torch.Tensor:
-        """``source``'s reply frame: the header, then its rows of ``output``."""
-        nbytes = reply_bytes(source.rows, self._wire)
-        buffer = self._replies.get((source.rank, stage), nbytes)
-        self._codec.pack_into(buffer.header, 0, "f2a", source.step_id, layer, stage,
-                              source.rows, self._role_rank)  # fmt: skip
+        """``source``'s reply: a frame of the header, then its rows of ``output``."""
+        layout = FrameLayout.of(self._wire, source.rows)
+        buffer = self._replies.get((source.rank, stage), layout.size)
+        header = headers.MessageHeader(
+            "f2a", source.step_id, layer, stage, source.rows, self._role_rank
+        )
+        self._header_writer.write(buffer.header, 0, header)
         buffer.publish_header()
         if source.rows:
-            reply_partial(buffer.tensor, source.rows, self._wire).copy_(
-                output[source.offset : source.offset + source.rows]
-            )
-        return buffer.tensor[:nbytes]
+            rows = frame_rows(buffer.tensor, layout, self._wire.hidden_size, self._dtype)
+            rows.copy_(output[source.offset : source.offset + source.rows])
+        return buffer.tensor[: layout.size]
 
     def _body(self, rank: int, stage: int, nbytes: int) -> torch.Tensor:
         """The receive buffer of ``rank``'s bodies in ``stage`` (grown when too small)."""

@@ -2,9 +2,8 @@
 
 * :mod:`~afd_core.runtime.p2p.attention`: :class:`P2pAttentionEndpoint`;
 * :mod:`~afd_core.runtime.p2p.ffn`: :class:`P2pFFNEndpoint`;
-* :mod:`~afd_core.runtime.p2p.headers`: the per-step header rows both sides write and check;
-* :mod:`~afd_core.runtime.p2p.frames`: messages up to 1 MiB on host transports as one
-  frame each, header and tensors together.
+* their message forms (frames, header messages, bare tensors) and header rows are the
+  runtime's one set, :mod:`afd_core.runtime.messages`.
 
 :data:`P2P_BLOCK` is the pattern a recipe names (:mod:`afd_core.assembly`): its pairing
 rule is the block rule of :mod:`afd_core.topology` (an attention rank exchanges with the

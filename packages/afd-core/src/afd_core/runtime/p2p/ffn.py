@@ -6,17 +6,22 @@ stage it receives every taking-part rank's message, computes once on all their r
 sends each rank its rows of the output:
 
 * on a host-memory transport (gloo) a message of up to 1 MiB is one frame
-  (:mod:`afd_core.runtime.p2p.frames`). With one rank in the step the batch's tensors are views
+  (:mod:`afd_core.runtime.messages.frames`). With one rank in the step the batch's tensors are views
   of that rank's frame (no copy); with several, each frame's rows are copied into their
   place in the stage's input tensors. Each rank's output rows are copied into its reply
   frame behind the header;
 * larger messages, and every message on a device transport (NCCL), are a header message
-  and bare tensors, received straight into each rank's rows of the input tensors and
-  sent from slices of the output tensor itself (no copy).
+  and bare tensors (:func:`~afd_core.runtime.messages.forms.headed`), received straight
+  into each rank's rows of the input tensors and sent from slices of the output tensor
+  itself (no copy);
+* CUDA graph steps (:meth:`P2pFFNEndpoint.recv_into`, :meth:`P2pFFNEndpoint.send_from`)
+  move the bare tensors.
 
 Per step the endpoint lays out a :class:`_StepPlan` once: each rank's rows, its headers
-(written for the whole step, see :mod:`afd_core.runtime.p2p.headers`), its frames and the stage's
-input tensors; buffers are reused from step to step while the shapes fit.
+(written for the whole step, see :mod:`afd_core.runtime.messages.headers`), its frames and
+the stage's input tensors; buffers are reused from step to step while the shapes fit.
+The rule "every layer, every stage, once" is the endpoint's
+(:class:`~afd_core.step_exchanges.StepExchanges`).
 """
 
 from __future__ import annotations
@@ -31,10 +36,18 @@ from afd_core.failures import guarded, guarded_until_closed, layer_of_step
 from afd_core.replay_guard import ReplayGuard
 from afd_core.runtime.control.channel import ControlInbox
 from afd_core.runtime.endpoint_context import EndpointContext
-from afd_core.runtime.p2p.frames import FrameBuffer, FrameLayout, HeldFrame, memmove, uses_frames
-from afd_core.runtime.p2p.headers import IncomingHeaders, OutgoingHeaders
+from afd_core.runtime.messages.forms import headed
+from afd_core.runtime.messages.frames import (
+    FrameBuffer,
+    FrameLayout,
+    HeldFrame,
+    memmove,
+    uses_frames,
+)
+from afd_core.runtime.messages.headers import HeaderWriter, IncomingHeaders, OutgoingHeaders
+from afd_core.step_exchanges import StepExchanges
 from afd_core.transport import Lane, Transfer, TransferFailed
-from afd_core.wire import HEADER_BYTES, HeaderCodec
+from afd_core.wire import HEADER_BYTES
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -82,7 +95,8 @@ class _Member:
 class _StagePlan:
     """One stage of a step: its members, total rows and input tensors. ``solo`` is the
     one member when the batch is that member's frame (one attention rank, frames): its
-    layers take a path without loops or closures."""
+    layers take a path without loops or closures. ``received``: the layer received last
+    and its row in the step, until its result is sent."""
 
     members: tuple[_Member, ...]
     total: int
@@ -90,14 +104,13 @@ class _StagePlan:
     logits: torch.Tensor | None
     splits: tuple[int, ...]
     solo: _Member | None = None
+    received: tuple[int, int] | None = None
 
 
 @dataclass(slots=True)
 class _StepPlan:
     step: FFNStep
     stages: tuple[_StagePlan, ...]
-    expected: int
-    done: int = 0
 
 
 class P2pFFNEndpoint(FFNEndpoint):
@@ -131,7 +144,8 @@ class P2pFFNEndpoint(FFNEndpoint):
         self._logits_dtype = getattr(torch, wire.router_logits_dtype)
         self._layers = wire.exchange_layers
         self._index = {layer: i for i, layer in enumerate(self._layers)}
-        self._codec = HeaderCodec(wire)
+        self._exchanges = StepExchanges(self._layers, f"FFN rank {self._role_rank}")
+        self._header_writer = HeaderWriter(wire)
         self._plan: _StepPlan | None = None
         # Reused from step to step: input tensors per stage, header blocks per link, frame
         # buffers (received, reply) per link and stage (host transports).
@@ -163,7 +177,8 @@ class P2pFFNEndpoint(FFNEndpoint):
                 "no headers: use recv_into/send_from"
             )
         with_logits = self._wire.logits_width_at(layer) > 0
-        row = stage * len(self._layers) + self._index[layer]
+        row = self._exchanges.take(layer, stage)
+        plan.received = (layer, row)
         solo = plan.solo
         if solo is not None:
             if solo.link.lost is None:
@@ -175,12 +190,9 @@ class P2pFFNEndpoint(FFNEndpoint):
             def post(member: _Member) -> list[Transfer]:
                 if member.frames is not None:
                     return [member.lane.post_recv(self._received_message(member, with_logits))]
-                transfers = [member.lane.post_recv(member.incoming.row(row))]
-                if member.count:
-                    transfers.append(member.lane.post_recv(member.hidden))
-                    if with_logits and member.logits is not None:
-                        transfers.append(member.lane.post_recv(member.logits))
-                return transfers
+                logits = member.logits if with_logits else None
+                messages = headed(member.incoming.row(row), (member.hidden, logits))
+                return [member.lane.post_recv(t) for t in messages]
 
             for member in self._exchange(plan, layer, post):
                 if member.link.lost is None:
@@ -205,7 +217,7 @@ class P2pFFNEndpoint(FFNEndpoint):
                 member.incoming.check(row)
             return
         frame = frames.received
-        member.incoming.check_frame(row, frame.address)
+        member.incoming.check_at(row, frame.address)
         if frames.copy_in:
             layout = frame.layout
             memmove(frames.hidden_at, frame.address + HEADER_BYTES, layout.hidden_bytes)
@@ -229,7 +241,7 @@ class P2pFFNEndpoint(FFNEndpoint):
             self._reject_output(output, plan.total)
         if not (output.is_cpu and self._on_host) and output.device != self._device:
             output = output.to(self._device)  # a host transport serving a device model
-        row = stage * len(self._layers) + self._index[layer]
+        row = self._received_row(plan, layer, stage)
         if not output.is_contiguous():
             output = output.contiguous()
         address = output.data_ptr()
@@ -243,10 +255,8 @@ class P2pFFNEndpoint(FFNEndpoint):
             def post(member: _Member) -> list[Transfer]:
                 if member.frames is not None:
                     return [member.lane.post_send(self._reply_message(member, row, address))]
-                transfers = [member.lane.post_send(member.outgoing.row(row))]
-                if member.count:
-                    transfers.append(member.lane.post_send(output[member.rows]))
-                return transfers
+                messages = headed(member.outgoing.row(row), (output[member.rows],))
+                return [member.lane.post_send(t) for t in messages]
 
             self._exchange(plan, layer, post)
         self._finish_exchange(step)
@@ -341,12 +351,9 @@ class P2pFFNEndpoint(FFNEndpoint):
         return self._stage(step, layer, stage)
 
     def _make_plan(self, step: FFNStep) -> _StepPlan:
-        previous = self._plan
-        if previous is not None and previous.done != previous.expected:
-            raise AFDProtocolError(
-                f"AFD: FFN rank {self._role_rank} starts a new step after {previous.done} of "
-                f"the {previous.expected} layer exchanges of the previous one"
-            )
+        # Graph steps make no host calls per layer when replayed: nothing to count.
+        self._exchanges.begin(step.payloads[0].step_id, step.num_stages,
+                              exchanges=not step.is_graph_step)  # fmt: skip
         stages = []
         rows_per_step = step.num_stages * len(self._layers)
         for stage in range(step.num_stages):
@@ -389,28 +396,18 @@ class P2pFFNEndpoint(FFNEndpoint):
                 _StagePlan(tuple(members), total, hidden, logits, counts,
                            members[0] if solo else None)
             )  # fmt: skip
-        # Graph steps make no host calls per layer when replayed: nothing to count.
-        plan = _StepPlan(step, tuple(stages), expected=0 if step.is_graph_step else rows_per_step)
+        plan = _StepPlan(step, tuple(stages))
         if not step.is_graph_step:
             self._write_headers(plan)
         return plan
 
     def _write_headers(self, plan: _StepPlan) -> None:
         """Every header of the step: expected from each rank, and sent back to it."""
-        codec, layers = self._codec, self._layers
         for stage, stage_plan in enumerate(plan.stages):
             for member in stage_plan.members:
-                n = member.count
-                in_view, out_view = member.incoming.view, member.outgoing.view
-                for i, layer in enumerate(layers):
-                    offset = (stage * len(layers) + i) * 64
-                    codec.pack_into(
-                        in_view, offset, "a2f", member.step_id, layer, stage, n, member.rank,
-                        logits_width=self._wire.logits_width_at(layer),
-                    )  # fmt: skip
-                    codec.pack_into(
-                        out_view, offset, "f2a", member.step_id, layer, stage, n, self._role_rank
-                    )
+                self._header_writer.write_stage(member.incoming.view, member.outgoing.view,
+                                                member.step_id, stage, member.count,
+                                                member.rank, self._role_rank)  # fmt: skip
         for member in plan.stages[0].members:
             member.incoming.publish()
             member.outgoing.publish()
@@ -517,12 +514,23 @@ class P2pFFNEndpoint(FFNEndpoint):
         if member.logits is not None:
             member.logits.zero_()
 
+    def _received_row(self, plan: _StagePlan, layer: int, stage: int) -> int:
+        """The row of ``layer`` in ``stage``, whose result is about to be sent: the layer
+        the stage received last; AFDProtocolError for any other."""
+        received, plan.received = plan.received, None
+        if received is None or received[0] != layer:
+            got = "nothing" if received is None else f"layer {received[0]}"
+            raise AFDProtocolError(
+                f"AFD: FFN rank {self._role_rank} sends the result of layer {layer} stage "
+                f"{stage}, but received {got} for that stage; call recv() and send() in pairs"
+            )
+        return received[1]
+
     def _finish_exchange(self, step: FFNStep) -> None:
         """Count a finished (layer, stage); after the step's last, run deferred checks."""
         plan = self._plan
         assert plan is not None and plan.step is step
-        plan.done += 1
-        if plan.done != plan.expected or step.is_graph_step:
+        if not self._exchanges.finish():
             return
         members = [m for m in plan.stages[0].members if m.link.lost is None]
         if not members or members[0].incoming.checks_each_message:
@@ -534,7 +542,7 @@ class P2pFFNEndpoint(FFNEndpoint):
             except TransferFailed as exc:
                 raise members[0].link.failures.error(exc, f"step {members[0].step_id}") from None
         for member in members:
-            member.incoming.check_all(plan.expected)
+            member.incoming.check_all(self._exchanges.expected)
 
     def _reject_output(self, output: torch.Tensor, rows: int) -> None:
         size = self._wire.hidden_size

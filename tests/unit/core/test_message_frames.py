@@ -1,4 +1,4 @@
-"""Frame layouts and buffers of :mod:`afd_core.runtime.p2p.frames` (pure torch, no transport)."""
+"""Frame layouts and buffers of :mod:`afd_core.runtime.messages.frames` (pure torch)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from afd_core.connector import WireSpec  # noqa: E402
-from afd_core.runtime.p2p import frames  # noqa: E402
-from afd_core.runtime.p2p.frames import FrameBuffer, FrameLayout, ReplyFrames, uses_frames  # noqa: E402
+from afd_core.runtime.messages import frames  # noqa: E402
+from afd_core.runtime.messages.frames import FrameBuffer, FrameLayout, ReplyFrames, uses_frames  # noqa: E402
 
 #: An odd hidden size in a 2-byte dtype: the hidden bytes are not a multiple of 64.
 ODD = WireSpec(

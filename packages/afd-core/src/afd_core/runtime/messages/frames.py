@@ -1,28 +1,25 @@
-"""Frames: an eager P2P message of up to 1 MiB on a host transport is one message, header included.
-
-Why: on gloo every message costs the same system calls and wake-ups of both processes
-whatever its size (a receive announces itself to the sender, a send announces itself
-and then writes), and each small Python or torch call between a wait and the next post
-costs several times its quiet-host time, because it runs on a core the other process
-just left (docs/performance.md). So on a host transport a message of at most
-:data:`FRAME_LIMIT_BYTES` carries its 64-byte header in the same message as the tensors
-it describes, and the per-layer path between transfers is a few ``memmove`` calls on
-addresses worked out when the step began. Messages above the limit (1 MiB) keep the
-header as a message of its own and send the tensors as they are: from there on the
-copies into and out of a frame cost about as much as the header message
-(:func:`uses_frames`; docs/performance.md has the measurements).
+"""Frames: one message holding the 64-byte header and the tensors it describes.
 
 Layout of a frame (offsets from its start; docs/wire-protocol.md section 3):
 
 * 0: the 64-byte :class:`~afd_core.metadata.TransferHeader`;
 * 64: the hidden-state rows (``rows x hidden_size`` of the wire dtype);
-* ``logits_at``: the router logits (A2F messages of layers that carry them): ``rows x
+* ``logits_at``: the router logits (P2P A2F messages of layers that carry them): ``rows x
   width`` of the logits dtype, where ``logits_at`` is 64 plus the hidden bytes rounded up
   to a multiple of 64, so that every part of a frame can be viewed as a tensor.
 
-A device transport (NCCL) keeps the header as a message of its own
-(:mod:`afd_core.runtime.p2p.headers`): there a copy into a frame would be a device copy per
-message, and the header check runs once per step on the device anyway.
+A frame without logits (every F2A reply, P2P or expert-routed) is the header and the rows.
+
+Why P2P sends frames on a host transport: on gloo every message costs the same system
+calls and wake-ups of both processes whatever its size, and each small Python or torch
+call between a wait and the next post costs several times its quiet-host time, because
+it runs on a core the other process just left (docs/performance.md). So a P2P message of
+at most :data:`FRAME_LIMIT_BYTES` is one frame (:func:`uses_frames`), and the per-layer
+path between transfers is a few ``memmove`` calls on addresses worked out when the step
+began. Above the limit the copies into and out of a frame cost about as much as a
+header message of its own, and on a device transport (NCCL) a copy into a frame would be
+a device copy per message: there the header goes as a message of its own
+(:func:`~afd_core.runtime.messages.forms.headed`).
 """
 
 from __future__ import annotations
@@ -124,7 +121,7 @@ class HeldFrame:
 
     def hidden(self, width: int, dtype: torch.dtype) -> torch.Tensor:
         """The hidden-state rows, as a ``(rows, width)`` tensor of ``dtype``."""
-        return self._part(HEADER_BYTES, self.layout.hidden_bytes, width, dtype)
+        return frame_rows(self._buffer, self.layout, width, dtype)
 
     def logits(self, width: int, dtype: torch.dtype) -> torch.Tensor:
         """The router logits, as a ``(rows, width)`` tensor of ``dtype``."""
@@ -157,8 +154,16 @@ def _part_of(
     return buffer[at : at + nbytes].view(dtype).view(rows, width)
 
 
+def frame_rows(
+    frame: torch.Tensor, layout: FrameLayout, width: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """The hidden-state rows of ``frame`` (a uint8 tensor laid out as ``layout``), as a
+    ``(rows, width)`` view of ``dtype``."""
+    return _part_of(frame, HEADER_BYTES, layout.hidden_bytes, layout.rows, width, dtype)
+
+
 class ReplyFrames:
-    """The F2A frames of one stage at the attention rank: a new frame for every reply.
+    """The P2P reply frames of one stage at the attention rank: a new frame for every reply.
 
     Each reply is received into a frame of its own, and the rows of that frame become the
     caller's output (a new tensor per layer, as the endpoint contract says). The frame a
@@ -178,7 +183,8 @@ class ReplyFrames:
         self._next: tuple[torch.Tensor, int, torch.Tensor] | None = None
 
     def take(self) -> tuple[torch.Tensor, int, torch.Tensor]:
-        """The next reply's frame: the tensor to receive into, its address, the output."""
+        """The next reply's frame: the tensor to receive into, its host address, the
+        output (a view of its rows)."""
         frame = self._next if self._next is not None else self._allocate()
         self._next = None
         return frame
@@ -189,8 +195,5 @@ class ReplyFrames:
             self._next = self._allocate()
 
     def _allocate(self) -> tuple[torch.Tensor, int, torch.Tensor]:
-        layout = self.layout  # a reply frame is exactly its message: header and rows
-        frame = self._empty(layout.size, dtype=self._bytes)
-        rows = _part_of(frame, HEADER_BYTES, layout.hidden_bytes, layout.rows, self._width,
-                        self._dtype)  # fmt: skip
-        return frame, frame.data_ptr(), rows
+        frame = self._empty(self.layout.size, dtype=self._bytes)  # exactly the reply
+        return frame, frame.data_ptr(), frame_rows(frame, self.layout, self._width, self._dtype)
