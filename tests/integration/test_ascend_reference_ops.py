@@ -143,7 +143,7 @@ def test_rows_round_trip_to_exactly_their_sender(ranks, port, f, a, stages, gate
 # -- mispaired calls -------------------------------------------------------------------
 
 
-def mispaired_ffn(port: int, fault: str) -> None:
+def mispaired_ffn(port: int, fault: str, done: Any) -> None:
     provider, (name,), _ = open_rank(port, 1, 1, 0, timeout_s=10.0)
     try:
         extra = 1 if fault == "batch_size" else 0
@@ -153,10 +153,12 @@ def mispaired_ffn(port: int, fault: str) -> None:
             ops.e2a(out[0], out[3], 3, H, K, 1, 1, 0, name)  # one e2a too many
         ops.a2e(torch.empty(0, H, dtype=DTYPE), None, None, 3, H, K, 1, 1, 0, name)
     finally:
+        if fault == "sequence":
+            done.wait(20)  # the extra e2a reaches the attention rank before the group goes
         provider.close()
 
 
-def mispaired_attention(port: int, fault: str) -> None:
+def mispaired_attention(port: int, fault: str, done: Any) -> None:
     provider, (name,), _ = open_rank(port, 1, 1, 1, timeout_s=10.0)
     try:
         hidden = H + 1 if fault == "hidden_size" else H
@@ -165,6 +167,8 @@ def mispaired_attention(port: int, fault: str) -> None:
             out = ops.a2e(x, None, None, 3, hidden, K, 1, 1, 1, name)
             ops.e2a(x, out[3], 3, hidden, K, 1, 1, 1, name)
     finally:
+        if fault == "sequence":
+            done.wait(20)
         provider.close()
 
 
@@ -178,8 +182,9 @@ def mispaired_attention(port: int, fault: str) -> None:
     ],
 )  # fmt: skip
 def test_a_mispaired_call_is_a_protocol_error_naming_both_sides(ranks, port, fault, ffn_says):
-    ranks.start("ffn", mispaired_ffn, port, fault)
-    ranks.start("attn", mispaired_attention, port, fault)
+    done = ranks.context.Barrier(2)
+    ranks.start("ffn", mispaired_ffn, port, fault, done)
+    ranks.start("attn", mispaired_attention, port, fault, done)
     out = ranks.join(60)
     ffn = out["ffn"]
     assert ffn.error_type == "AFDProtocolError", ffn
