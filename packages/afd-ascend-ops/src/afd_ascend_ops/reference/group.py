@@ -42,26 +42,22 @@ from typing import TYPE_CHECKING
 import torch
 
 from afd_ascend_ops.header import MessageHeader, Op
+from afd_ascend_ops.reference.bodies import (
+    ROUTING_ENTRY_BYTES,
+    TORCH_DTYPES,
+    WIRE_TORCH_DTYPES,
+    routing_as_bytes,
+    routing_from_bytes,
+    rows_as_bytes,
+)
 from afd_ascend_ops.schemas import blocks_per_ffn_rank
 from afd_core.errors import AFDConfigError, AFDProtocolError
 from afd_core.failures import Fuse, PeerFailures, guarded
-from afd_core.metadata import WIRE_DTYPES
 from afd_core.topology import Topology
 from afd_core.transport import Transfer, TransferFailed
 
 if TYPE_CHECKING:
     from afd_core.transport import Transport
-
-#: torch dtypes the kernels move, by their :data:`~afd_core.metadata.WIRE_DTYPES` name.
-_WIRE_TORCH_DTYPES: dict[torch.dtype, str] = {
-    torch.bfloat16: "bfloat16",
-    torch.float16: "float16",
-    torch.float32: "float32",
-}
-assert set(_WIRE_TORCH_DTYPES.values()) == set(WIRE_DTYPES)
-_TORCH_DTYPES = {name: dtype for dtype, name in _WIRE_TORCH_DTYPES.items()}
-#: Bytes of one routing entry on the wire: an int32 expert id and a float32 scale.
-_ROUTING_ENTRY_BYTES = 8
 
 
 @dataclass
@@ -198,9 +194,9 @@ class ReferenceGroup:
                 "e2a in pairs, one pair per layer and stage"
             )
         rows = x.shape[0]
-        body = [_rows_as_bytes(x)]
+        body = [rows_as_bytes(x)]
         if gated:
-            body.append(_routing_as_bytes(expert_ids, scales, rows, topk, self.name))
+            body.append(routing_as_bytes(expert_ids, scales, rows, topk, self.name))
         peer = self._ffn_peer()
         deadline = time.monotonic() + self.timeout_s
         self._finish_sends(peer, deadline)
@@ -277,7 +273,7 @@ class ReferenceGroup:
         seqs = [self._next_call(peer) for peer in peers]
         heads = [torch.empty(MessageHeader.SIZE, dtype=torch.uint8) for _ in peers]
         posted = [self._post(p, h, send=False) for p, h in zip(peers, heads, strict=True)]
-        dtype = _WIRE_TORCH_DTYPES[torch_dtype]
+        dtype = WIRE_TORCH_DTYPES[torch_dtype]
         counts = []
         for peer, seq, head, transfer in zip(peers, seqs, heads, posted, strict=True):
             self._wait(transfer, deadline, f"a2e call {seq} on group {self.name!r}")
@@ -306,7 +302,7 @@ class ReferenceGroup:
         for peer in peers:
             self._finish_sends(peer, deadline)
         expand_x = torch.empty((batch_size, hidden_size), dtype=torch_dtype)
-        routing = torch.empty((batch_size, topk * _ROUTING_ENTRY_BYTES), dtype=torch.uint8)
+        routing = torch.empty((batch_size, topk * ROUTING_ENTRY_BYTES), dtype=torch.uint8)
         bodies = []
         start = 0
         for peer, rows in zip(peers, counts, strict=True):
@@ -319,7 +315,7 @@ class ReferenceGroup:
         for transfer in bodies:
             peer = self._failures.describe(transfer.peer)
             self._wait(transfer, deadline, f"the a2e rows of {peer} on group {self.name!r}")
-        ids, weights = _routing_from_bytes(routing, batch_size, topk, gated)
+        ids, weights = routing_from_bytes(routing, batch_size, topk, gated)
         return [
             expand_x,
             ids,
@@ -358,7 +354,7 @@ class ReferenceGroup:
                 f"afd_ascend::e2a on group {self.name!r}: expand_x must be [rows, "
                 f"hidden_size={hidden_size}], not {list(expand_x.shape)}"
             )
-        out = _rows_as_bytes(expand_x)
+        out = rows_as_bytes(expand_x)
         deadline = time.monotonic() + self.timeout_s
         start = 0
         for peer, rows in zip(self._block_peers(), counts, strict=True):
@@ -390,11 +386,11 @@ class ReferenceGroup:
         return blocks_per_ffn_rank(attention_ranks, ffn_ranks)
 
     def _wire_dtype(self, op: str, name: str, tensor: torch.Tensor) -> str:
-        dtype = _WIRE_TORCH_DTYPES.get(tensor.dtype)
+        dtype = WIRE_TORCH_DTYPES.get(tensor.dtype)
         if dtype is None or tensor.device.type != "cpu":
             raise ValueError(
                 f"afd_ascend::{op} on group {self.name!r}: the CPU reference kernel moves "
-                f"CPU tensors of {sorted(_TORCH_DTYPES)}; {name} is {tensor.dtype} on "
+                f"CPU tensors of {sorted(TORCH_DTYPES)}; {name} is {tensor.dtype} on "
                 f"{tensor.device}"
             )
         return dtype
@@ -471,40 +467,3 @@ class ReferenceGroup:
 def _check_positive(op: str, name: str, value: int) -> None:
     if value <= 0:
         raise ValueError(f"afd_ascend::{op}: {name} must be positive, not {value}")
-
-
-def _rows_as_bytes(rows: torch.Tensor) -> torch.Tensor:
-    """A private contiguous copy of ``rows`` as bytes (``[n, H * itemsize]``): the caller
-    may change ``rows`` while the send is pending."""
-    return rows.detach().clone(memory_format=torch.contiguous_format).view(torch.uint8)
-
-
-def _routing_as_bytes(
-    expert_ids: torch.Tensor | None, scales: torch.Tensor | None, rows: int, topk: int, name: str
-) -> torch.Tensor:
-    """Expert ids (int32) and scales (float32) of ``rows`` tokens as one byte message."""
-    expected = (("expert_ids", expert_ids, torch.int32), ("scales", scales, torch.float32))
-    for label, tensor, dtype in expected:
-        if tensor is None or tensor.dtype != dtype or list(tensor.shape) != [rows, topk]:
-            got = "None" if tensor is None else f"{tensor.dtype} {list(tensor.shape)}"
-            raise ValueError(
-                f"afd_ascend::a2e on group {name!r}: with compute_gate=1, {label} must be "
-                f"{dtype} [{rows}, {topk}], not {got}"
-            )
-    assert expert_ids is not None and scales is not None
-    ids = expert_ids.detach().contiguous().view(torch.uint8)
-    weights = scales.detach().contiguous().view(torch.uint8)
-    return torch.cat([ids, weights], dim=1)
-
-
-def _routing_from_bytes(
-    routing: torch.Tensor, rows: int, topk: int, gated: bool
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The FFN's ``expert_ids``/``scales`` outputs: the received routing, or ``[1, 1]``
-    zeros when the attention side does not gate."""
-    if not gated:
-        return torch.zeros((1, 1), dtype=torch.int32), torch.zeros((1, 1), dtype=torch.float32)
-    half = topk * _ROUTING_ENTRY_BYTES // 2
-    ids = routing[:, :half].contiguous().view(torch.int32)
-    weights = routing[:, half:].contiguous().view(torch.float32)
-    return ids.reshape(rows, topk), weights.reshape(rows, topk)
