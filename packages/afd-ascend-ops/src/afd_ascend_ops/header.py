@@ -1,0 +1,124 @@
+"""The header in front of every message of the CPU reference kernels.
+
+Every ``a2e`` / ``e2a`` message between two ranks is a fixed :data:`MessageHeader.SIZE`
+byte header, followed (when it carries rows) by one body message whose size the header
+gives: the receiver posts the header receive first and sizes the body receive from it,
+so no message can be larger than the receive it lands in (gloo aborts the process on
+that). The header says which call it belongs to (``seq``: the call number of the sender
+on this group with this peer, which the receiver's own count must equal), which op sent
+it, who sent it to whom (world ranks), how many rows follow, their hidden size and
+dtype, and the routing (``topk``, ``gated``) that travels with them. The receiver
+compares it with what it expects and raises :class:`~afd_core.errors.AFDProtocolError`
+naming both views.
+
+Layout (little endian): magic ``b"AFDA"``, version u16, op u8, dtype u8 (a code of
+:data:`afd_core.metadata.WIRE_DTYPES`), seq u64, source u32, destination u32, rows u32,
+hidden size u32, topk u16, flags u16 (bit 0: expert ids and scales follow the rows);
+zero padding to 64 bytes. Pure Python: no torch.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, fields
+from typing import ClassVar, Literal
+
+from afd_core.errors import AFDProtocolError
+from afd_core.metadata import WIRE_DTYPES
+
+Op = Literal["a2e", "e2a"]
+OPS: dict[str, int] = {"a2e": 1, "e2a": 2}
+_OP_NAMES = {code: name for name, code in OPS.items()}
+_DTYPE_NAMES = {code: name for name, code in WIRE_DTYPES.items()}
+_GATED = 1
+
+
+@dataclass(frozen=True)
+class MessageHeader:
+    """One message's header (see the module docstring)."""
+
+    SIZE: ClassVar[int] = 64
+    MAGIC: ClassVar[bytes] = b"AFDA"
+    VERSION: ClassVar[int] = 1
+    LAYOUT: ClassVar[struct.Struct] = struct.Struct("<4sHBBQIIIIHH")
+
+    op: Op
+    seq: int
+    source: int
+    destination: int
+    rows: int
+    hidden_size: int
+    dtype: str
+    topk: int = 0
+    gated: bool = False
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise ValueError(f"MessageHeader.op must be one of {sorted(OPS)}, not {self.op!r}")
+        if self.dtype not in WIRE_DTYPES:
+            raise ValueError(
+                f"MessageHeader.dtype {self.dtype!r} is not one of {sorted(WIRE_DTYPES)}"
+            )
+
+    def encode(self) -> bytes:
+        """The :data:`SIZE`-byte wire form."""
+        packed = self.LAYOUT.pack(
+            self.MAGIC,
+            self.VERSION,
+            OPS[self.op],
+            WIRE_DTYPES[self.dtype],
+            self.seq,
+            self.source,
+            self.destination,
+            self.rows,
+            self.hidden_size,
+            self.topk,
+            _GATED if self.gated else 0,
+        )
+        return packed.ljust(self.SIZE, b"\0")
+
+    @classmethod
+    def decode(cls, data: bytes) -> MessageHeader:
+        """Parse a header; AFDProtocolError for anything that is not one of this version."""
+        if len(data) != cls.SIZE:
+            raise AFDProtocolError(
+                f"afd_ascend: a header is {cls.SIZE} bytes, this message has {len(data)}"
+            )
+        magic, version, op, dtype, seq, source, dest, rows, hidden, topk, flags = (
+            cls.LAYOUT.unpack_from(data)
+        )
+        if magic != cls.MAGIC:
+            raise AFDProtocolError(
+                f"afd_ascend: a message starts with {magic!r}, not the header magic "
+                f"{cls.MAGIC!r}; the peer is out of step or does not run these ops"
+            )
+        if version != cls.VERSION:
+            raise AFDProtocolError(
+                f"afd_ascend: header version {version}, this side speaks {cls.VERSION}; "
+                "install the same afd-ascend-ops version on both roles"
+            )
+        if op not in _OP_NAMES or dtype not in _DTYPE_NAMES or flags & ~_GATED:
+            raise AFDProtocolError(
+                f"afd_ascend: unknown op code {op}, dtype code {dtype} or flags {flags:#x} "
+                "in a header; install the same afd-ascend-ops version on both roles"
+            )
+        return cls(
+            op=_OP_NAMES[op],  # type: ignore[arg-type]
+            seq=seq,
+            source=source,
+            destination=dest,
+            rows=rows,
+            hidden_size=hidden,
+            dtype=_DTYPE_NAMES[dtype],
+            topk=topk,
+            gated=bool(flags & _GATED),
+        )
+
+    def differences(self, expected: MessageHeader, *, ignore: tuple[str, ...] = ()) -> list[str]:
+        """``"field: sent X, expected Y"`` for every field (not in ``ignore``) that differs
+        between this (received) header and ``expected``."""
+        return [
+            f"{f.name}: sent {getattr(self, f.name)!r}, expected {getattr(expected, f.name)!r}"
+            for f in fields(self)
+            if f.name not in ignore and getattr(self, f.name) != getattr(expected, f.name)
+        ]

@@ -1,0 +1,469 @@
+"""One registered group of the CPU reference kernels: ``a2e`` / ``e2a`` over a transport.
+
+A :class:`ReferenceGroup` is what ``group_ep`` names: one stage's transport over the
+whole AFD world (FFN ranks first), the world's rank map and the AFD timeout, and the
+state the calls on it share. The rules (the README states them for users):
+
+* Pairing: each FFN rank serves the **contiguous** block of attention ranks that
+  :meth:`afd_core.topology.Topology.block_of` gives it (not the prior art's strided
+  rule); ``rank < expert_rank_size`` is an FFN rank.
+* Attention ``a2e`` sends a header and its ``x`` rows (with ``compute_gate``: also its
+  expert ids and scales) to its FFN rank and returns at once; the send stays pending in
+  this group and is completed by the next call with that peer (at the latest the
+  matching ``e2a``). Attention ``e2a`` receives exactly the rows it sent, as a new tensor.
+* FFN ``a2e`` receives every block member's header first, checks them and the sum of
+  their row counts against ``batch_size``, then receives the rows into ``expand_x``
+  (block order); the per-source counts come back in ``atten_batch_size``. FFN ``e2a``
+  splits ``expand_x`` by those counts and sends each source its rows; the sends stay
+  pending like the attention side's.
+* Every message carries a :class:`~afd_ascend_ops.header.MessageHeader` whose ``seq``
+  is the sender's call number on this group with that peer (a2e and e2a alternate, so
+  both sides count alike); a receiver that finds anything but what it expects raises
+  AFDProtocolError naming both views. A receiver checks the headers before it waits
+  for its own earlier sends, so a mispaired peer is reported as such, not as a timeout.
+* Every call waits until one deadline, ``timeout_s`` after it starts; a lost peer or
+  that deadline raises AFDPeerError naming the peer and the call, :meth:`interrupt`
+  makes a blocked call (and every later one) raise AFDShutdown. After any AFD error the
+  group refuses every later call with the same error: its message stream can no longer
+  be trusted.
+
+Calls on one group run one at a time (a lock); :meth:`interrupt` and :meth:`close` may
+run on any thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from afd_ascend_ops.header import MessageHeader, Op
+from afd_ascend_ops.reference.bodies import (
+    ROUTING_ENTRY_BYTES,
+    TORCH_DTYPES,
+    WIRE_TORCH_DTYPES,
+    routing_as_bytes,
+    routing_from_bytes,
+    rows_as_bytes,
+)
+from afd_ascend_ops.schemas import blocks_per_ffn_rank
+from afd_core.errors import AFDConfigError, AFDProtocolError
+from afd_core.failures import Fuse, PeerFailures, guarded
+from afd_core.topology import Topology
+from afd_core.transport import Transfer, TransferFailed
+
+if TYPE_CHECKING:
+    from afd_core.transport import Transport
+
+
+@dataclass
+class _Pending:
+    """Sends of one call to one peer, still in flight, and the tensors they read."""
+
+    op: Op
+    seq: int
+    transfers: list[Transfer]
+    tensors: list[torch.Tensor]
+
+
+class ReferenceGroup:
+    """The group one ``group_ep`` name stands for (see the module docstring).
+
+    ``transport`` spans the world (its ranks are world ranks), ``world_rank`` is this
+    process's rank in it, ``topology`` the world's rank map; every call is bounded by
+    ``timeout_s``. The group owns the transport: :meth:`close` closes it.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        transport: Transport,
+        world_rank: int,
+        topology: Topology,
+        timeout_s: float,
+    ) -> None:
+        self.name = name
+        self.world_rank = world_rank
+        self.topology = topology
+        self.timeout_s = timeout_s
+        self._transport = transport
+        self._fuse = Fuse(f"afd_ascend group {name!r}")
+        self._failures = PeerFailures(topology, timeout_s, self._fuse)
+        self._role, self._role_rank = topology.role_of_world_rank(world_rank)
+        self._lock = threading.Lock()
+        self._calls: dict[int, int] = {}
+        self._pending: dict[int, _Pending] = {}
+        self._sent_rows: int | None = None  # attention: rows of the a2e awaiting its e2a
+
+    # -- life cycle ------------------------------------------------------------------
+
+    def interrupt(self) -> None:
+        """Make a blocked call raise AFDShutdown now, and every later call (idempotent)."""
+        self._fuse.close()
+        self._transport.interrupt()
+
+    def close(self) -> None:
+        """Interrupt, release the transport and drop the pending sends (idempotent)."""
+        self.interrupt()
+        self._transport.close()
+        # A call woken by the interrupt returns at once; a lock that stays taken means
+        # its thread is gone, and the pending sends go with this object then.
+        if self._lock.acquire(timeout=self.timeout_s):
+            try:
+                self._pending.clear()
+            finally:
+                self._lock.release()
+
+    # -- the ops ---------------------------------------------------------------------
+
+    @guarded
+    def a2e(
+        self,
+        x: torch.Tensor,
+        expert_ids: torch.Tensor | None,
+        scales: torch.Tensor | None,
+        batch_size: int,
+        hidden_size: int,
+        topk: int,
+        expert_rank_size: int,
+        attention_rank_size: int,
+        rank: int,
+        compute_gate: int,
+    ) -> list[torch.Tensor]:
+        """The reference ``a2e`` (see the module docstring and the README)."""
+        blocks = self._check_world("a2e", expert_rank_size, attention_rank_size, rank)
+        dtype = self._wire_dtype("a2e", "x", x)
+        _check_positive("a2e", "hidden_size", hidden_size)
+        gated = compute_gate != 0
+        if gated:
+            _check_positive("a2e", "topk (with compute_gate=1)", topk)
+        with self._lock:
+            if self._role == "attention":
+                self._send_attention_rows(x, expert_ids, scales, hidden_size, topk, gated, dtype)
+                return self._attention_a2e_outputs(x, blocks)
+            return self._receive_block_rows(x.dtype, batch_size, hidden_size, topk, gated, blocks)
+
+    @guarded
+    def e2a(
+        self,
+        expand_x: torch.Tensor,
+        atten_batch_size: torch.Tensor,
+        batch_size: int,
+        hidden_size: int,
+        topk: int,
+        expert_rank_size: int,
+        attention_rank_size: int,
+        rank: int,
+    ) -> torch.Tensor:
+        """The reference ``e2a`` (see the module docstring and the README)."""
+        blocks = self._check_world("e2a", expert_rank_size, attention_rank_size, rank)
+        dtype = self._wire_dtype("e2a", "expand_x", expand_x)
+        _check_positive("e2a", "hidden_size", hidden_size)
+        with self._lock:
+            if self._role == "attention":
+                return self._receive_result(expand_x, hidden_size, dtype)
+            counts = self._block_counts(atten_batch_size, blocks, expand_x, batch_size)
+            self._send_block_results(expand_x, counts, hidden_size, dtype)
+            return torch.zeros((1, 1), dtype=expand_x.dtype)
+
+    # -- attention side --------------------------------------------------------------
+
+    def _send_attention_rows(
+        self,
+        x: torch.Tensor,
+        expert_ids: torch.Tensor | None,
+        scales: torch.Tensor | None,
+        hidden_size: int,
+        topk: int,
+        gated: bool,
+        dtype: str,
+    ) -> None:
+        if x.dim() != 2 or x.shape[1] != hidden_size:
+            raise ValueError(
+                f"afd_ascend::a2e on group {self.name!r}: x must be [rows, hidden_size="
+                f"{hidden_size}], not {list(x.shape)}"
+            )
+        if self._sent_rows is not None:
+            raise AFDProtocolError(
+                f"afd_ascend::a2e on group {self.name!r}: {self._me()} sends again before "
+                "e2a received the result of its previous a2e on this group; call a2e and "
+                "e2a in pairs, one pair per layer and stage"
+            )
+        rows = x.shape[0]
+        body = [rows_as_bytes(x)]
+        if gated:
+            body.append(routing_as_bytes(expert_ids, scales, rows, topk, self.name))
+        peer = self._ffn_peer()
+        deadline = time.monotonic() + self.timeout_s
+        self._finish_sends(peer, deadline)
+        header = MessageHeader(
+            "a2e",
+            self._next_call(peer),
+            self.world_rank,
+            peer,
+            rows,
+            hidden_size,
+            dtype,
+            topk if gated else 0,
+            gated,
+        )
+        self._send(peer, header, [b for b in body if b.numel()])
+        self._sent_rows = rows
+
+    def _attention_a2e_outputs(self, x: torch.Tensor, blocks: int) -> list[torch.Tensor]:
+        """The attention side's outputs: placeholders, and its own row count at its
+        place in its FFN rank's block (what that FFN rank's ``atten_batch_size`` holds)."""
+        counts = torch.zeros(blocks, dtype=torch.int32)
+        block = self.topology.block_of(self.topology.ffn_rank_of(self._role_rank))
+        counts[self._role_rank - block.start] = x.shape[0]
+        return [
+            torch.zeros((1, 1), dtype=x.dtype),
+            torch.zeros((1, 1), dtype=torch.int32),
+            torch.zeros((1, 1), dtype=torch.float32),
+            counts,
+            torch.zeros(1, dtype=torch.bool),
+        ]
+
+    def _receive_result(self, expand_x: torch.Tensor, hidden_size: int, dtype: str) -> torch.Tensor:
+        rows = self._sent_rows
+        if rows is None:
+            raise AFDProtocolError(
+                f"afd_ascend::e2a on group {self.name!r}: {self._me()} asks for a result "
+                "but sent nothing with a2e on this group; call a2e and e2a in pairs"
+            )
+        if expand_x.dim() < 1 or expand_x.shape[0] != rows:
+            raise AFDProtocolError(
+                f"afd_ascend::e2a on group {self.name!r}: expand_x is "
+                f"{list(expand_x.shape)}, but the matching a2e sent {rows} rows; pass a "
+                "tensor with as many rows as that a2e's x"
+            )
+        peer = self._ffn_peer()
+        deadline = time.monotonic() + self.timeout_s
+        seq = self._next_call(peer)
+        head = torch.empty(MessageHeader.SIZE, dtype=torch.uint8)
+        head_recv = self._post(peer, head, send=False)
+        self._wait(head_recv, deadline, f"e2a call {seq} on group {self.name!r}")
+        expected = MessageHeader("e2a", seq, peer, self.world_rank, rows, hidden_size, dtype)
+        self._check(head, expected)
+        self._finish_sends(peer, deadline)
+        self._sent_rows = None
+        out = torch.empty((rows, hidden_size), dtype=expand_x.dtype)
+        if rows:
+            body = self._post(peer, out.view(torch.uint8), send=False)
+            self._wait(body, deadline, f"the rows of e2a call {seq} on group {self.name!r}")
+        return out
+
+    # -- FFN side --------------------------------------------------------------------
+
+    def _receive_block_rows(
+        self,
+        torch_dtype: torch.dtype,
+        batch_size: int,
+        hidden_size: int,
+        topk: int,
+        gated: bool,
+        blocks: int,
+    ) -> list[torch.Tensor]:
+        peers = self._block_peers()
+        deadline = time.monotonic() + self.timeout_s
+        seqs = [self._next_call(peer) for peer in peers]
+        heads = [torch.empty(MessageHeader.SIZE, dtype=torch.uint8) for _ in peers]
+        posted = [self._post(p, h, send=False) for p, h in zip(peers, heads, strict=True)]
+        dtype = WIRE_TORCH_DTYPES[torch_dtype]
+        counts = []
+        for peer, seq, head, transfer in zip(peers, seqs, heads, posted, strict=True):
+            self._wait(transfer, deadline, f"a2e call {seq} on group {self.name!r}")
+            expected = MessageHeader(
+                "a2e",
+                seq,
+                peer,
+                self.world_rank,
+                0,
+                hidden_size,
+                dtype,
+                topk if gated else 0,
+                gated,
+            )
+            counts.append(self._check(head, expected, ignore=("rows",)).rows)
+        if sum(counts) != batch_size:
+            sources = ", ".join(
+                f"{self._failures.describe(p)}: {n}" for p, n in zip(peers, counts, strict=True)
+            )
+            raise AFDProtocolError(
+                f"afd_ascend::a2e on group {self.name!r}: the attention ranks of "
+                f"{self._me()}'s block sent {sum(counts)} rows ({sources}), but its a2e "
+                f"expects batch_size={batch_size}; pass the sum of the block's token counts "
+                "of this layer and stage"
+            )
+        for peer in peers:
+            self._finish_sends(peer, deadline)
+        expand_x = torch.empty((batch_size, hidden_size), dtype=torch_dtype)
+        routing = torch.empty((batch_size, topk * ROUTING_ENTRY_BYTES), dtype=torch.uint8)
+        bodies = []
+        start = 0
+        for peer, rows in zip(peers, counts, strict=True):
+            if rows:
+                end = start + rows
+                bodies.append(self._post(peer, expand_x[start:end].view(torch.uint8), send=False))
+                if gated:
+                    bodies.append(self._post(peer, routing[start:end], send=False))
+                start = end
+        for transfer in bodies:
+            peer = self._failures.describe(transfer.peer)
+            self._wait(transfer, deadline, f"the a2e rows of {peer} on group {self.name!r}")
+        ids, weights = routing_from_bytes(routing, batch_size, topk, gated)
+        return [
+            expand_x,
+            ids,
+            weights,
+            torch.tensor(counts + [0] * (blocks - len(counts)), dtype=torch.int32),
+            torch.ones(batch_size, dtype=torch.bool),
+        ]
+
+    def _block_counts(
+        self, atten_batch_size: torch.Tensor, blocks: int, expand_x: torch.Tensor, batch_size: int
+    ) -> list[int]:
+        """The block's row counts from ``atten_batch_size``, checked against ``expand_x``."""
+        values = atten_batch_size.reshape(-1).tolist()
+        size = len(self._block_peers())
+        if len(values) != blocks or any(values[size:]) or min(values, default=0) < 0:
+            raise AFDProtocolError(
+                f"afd_ascend::e2a on group {self.name!r}: atten_batch_size {values} is not "
+                f"what a2e returned on {self._me()} ({blocks} counts, the first {size} for "
+                "its block, the rest 0); pass output [3] of the matching a2e"
+            )
+        counts = values[:size]
+        rows = expand_x.shape[0] if expand_x.dim() == 2 else -1
+        if not sum(counts) == rows == batch_size:
+            raise AFDProtocolError(
+                f"afd_ascend::e2a on group {self.name!r}: expand_x is {list(expand_x.shape)}, "
+                f"batch_size={batch_size} and atten_batch_size sums to {sum(counts)}; "
+                "they must agree (the rows a2e returned, one result row each)"
+            )
+        return counts
+
+    def _send_block_results(
+        self, expand_x: torch.Tensor, counts: list[int], hidden_size: int, dtype: str
+    ) -> None:
+        if expand_x.shape[1] != hidden_size:
+            raise ValueError(
+                f"afd_ascend::e2a on group {self.name!r}: expand_x must be [rows, "
+                f"hidden_size={hidden_size}], not {list(expand_x.shape)}"
+            )
+        out = rows_as_bytes(expand_x)
+        deadline = time.monotonic() + self.timeout_s
+        start = 0
+        for peer, rows in zip(self._block_peers(), counts, strict=True):
+            self._finish_sends(peer, deadline)
+            header = MessageHeader(
+                "e2a", self._next_call(peer), self.world_rank, peer, rows, hidden_size, dtype
+            )
+            self._send(peer, header, [out[start : start + rows]] if rows else [])
+            start += rows
+
+    # -- shared parts ----------------------------------------------------------------
+
+    def _check_world(self, op: str, ffn_ranks: int, attention_ranks: int, rank: int) -> int:
+        """``ceil(A / F)`` once the op's world arguments match this group's world."""
+        topology = self.topology
+        ours = (topology.num_ffn_ranks, topology.num_attention_ranks, self.world_rank)
+        if (ffn_ranks, attention_ranks, rank) != ours:
+            raise ValueError(
+                f"afd_ascend::{op} on group {self.name!r}: expert_rank_size={ffn_ranks}, "
+                f"attention_rank_size={attention_ranks}, rank={rank}, but the group was "
+                f"opened for {ours[0]} FFN ranks, {ours[1]} attention ranks and world rank "
+                f"{ours[2]}; pass the world's facts (FFN ranks first)"
+            )
+        if topology.exchange != "block":
+            raise AFDConfigError(
+                f"afd_ascend::{op} on group {self.name!r}: a2e/e2a pair ranks in blocks, "
+                f"but this world uses the {topology.exchange!r} exchange"
+            )
+        return blocks_per_ffn_rank(attention_ranks, ffn_ranks)
+
+    def _wire_dtype(self, op: str, name: str, tensor: torch.Tensor) -> str:
+        dtype = WIRE_TORCH_DTYPES.get(tensor.dtype)
+        if dtype is None or tensor.device.type != "cpu":
+            raise ValueError(
+                f"afd_ascend::{op} on group {self.name!r}: the CPU reference kernel moves "
+                f"CPU tensors of {sorted(TORCH_DTYPES)}; {name} is {tensor.dtype} on "
+                f"{tensor.device}"
+            )
+        return dtype
+
+    def _me(self) -> str:
+        return self._failures.describe(self.world_rank)
+
+    def _ffn_peer(self) -> int:
+        return self.topology.world_rank("ffn", self.topology.ffn_rank_of(self._role_rank))
+
+    def _block_peers(self) -> list[int]:
+        block = self.topology.block_of(self._role_rank)
+        return [self.topology.world_rank("attention", a) for a in block]
+
+    def _next_call(self, peer: int) -> int:
+        """This call's number on this group with ``peer`` (the header's ``seq``)."""
+        seq = self._calls.get(peer, 0)
+        self._calls[peer] = seq + 1
+        return seq
+
+    def _send(self, peer: int, header: MessageHeader, bodies: list[torch.Tensor]) -> None:
+        """Post ``header`` and ``bodies`` to ``peer``; they stay pending in this group."""
+        head = torch.frombuffer(bytearray(header.encode()), dtype=torch.uint8)
+        transfers = [self._post(peer, t, send=True) for t in (head, *bodies)]
+        self._pending[peer] = _Pending(header.op, header.seq, transfers, [head, *bodies])
+
+    def _finish_sends(self, peer: int, deadline: float) -> None:
+        """Wait until the previous call's sends to ``peer`` were received."""
+        pending = self._pending.pop(peer, None)
+        if pending is not None:
+            doing = f"{pending.op} call {pending.seq} on group {self.name!r} to be received"
+            for transfer in pending.transfers:
+                self._wait(transfer, deadline, doing)
+
+    def _post(self, peer: int, tensor: torch.Tensor, *, send: bool) -> Transfer:
+        try:
+            if send:
+                return self._transport.post_send(tensor, peer)
+            return self._transport.post_recv(tensor, peer)
+        except TransferFailed as failure:
+            error = self._failures.error(failure, f"a call on group {self.name!r}", peer)
+        raise error
+
+    def _wait(self, transfer: Transfer, deadline: float, doing: str) -> None:
+        try:
+            self._transport.wait(transfer, deadline)
+            return
+        except TransferFailed as failure:
+            error = self._failures.error(failure, doing, transfer.peer)
+        raise error
+
+    def _check(
+        self, head: torch.Tensor, expected: MessageHeader, *, ignore: tuple[str, ...] = ()
+    ) -> MessageHeader:
+        """The received header in ``head``; AFDProtocolError unless it is ``expected``."""
+        sender = self._failures.describe(expected.source)
+        raw = ctypes.string_at(head.data_ptr(), MessageHeader.SIZE)
+        try:
+            header = MessageHeader.decode(raw)
+        except AFDProtocolError as exc:
+            raise AFDProtocolError(f"{exc} [sent by {sender} to {self._me()}]") from None
+        diffs = header.differences(expected, ignore=ignore)
+        if diffs:
+            raise AFDProtocolError(
+                f"afd_ascend::{expected.op} on group {self.name!r}: the message {sender} "
+                f"sent differs from what {self._me()} expects: {'; '.join(diffs)}. The two "
+                "roles' calls are mispaired (a call skipped or repeated, or different "
+                "hidden_size, dtype or routing arguments): call a2e and e2a once per layer "
+                "and stage on both roles, with the same model"
+            )
+        return header
+
+
+def _check_positive(op: str, name: str, value: int) -> None:
+    if value <= 0:
+        raise ValueError(f"afd_ascend::{op}: {name} must be positive, not {value}")
