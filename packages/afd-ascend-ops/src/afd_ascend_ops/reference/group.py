@@ -11,11 +11,16 @@ state the calls on it share. The rules (the README states them for users):
   expert ids and scales) to its FFN rank and returns at once; the send stays pending in
   this group and is completed by the next call with that peer (at the latest the
   matching ``e2a``). Attention ``e2a`` receives exactly the rows it sent, as a new tensor.
-* FFN ``a2e`` receives every block member's header first, checks them and the sum of
-  their row counts against ``batch_size``, then receives the rows into ``expand_x``
-  (block order); the per-source counts come back in ``atten_batch_size``. FFN ``e2a``
-  splits ``expand_x`` by those counts and sends each source its rows; the sends stay
-  pending like the attention side's.
+* FFN ``a2e`` receives the header of every block member taking part first, checks them
+  and the sum of their row counts against ``batch_size``, then receives the rows into
+  ``expand_x`` (block order); the per-source counts come back in ``atten_batch_size``.
+  Who takes part (ours; the prior art's kernel waits for the whole block): with
+  ``expert_ids`` given on the FFN side it is int32, one entry per block member, the
+  rows expected from it or -1 for a member that takes no part in this call (an
+  attention server with no step at the moment); without it, every member. A member
+  that takes no part has -1 in ``atten_batch_size``. FFN ``e2a`` splits ``expand_x`` by
+  those counts and sends each member that took part its rows; the sends stay pending
+  like the attention side's.
 * Every message carries a :class:`~afd_ascend_ops.header.MessageHeader` whose ``seq``
   is the sender's call number on this group with that peer (a2e and e2a alternate, so
   both sides count alike); a receiver that finds anything but what it expects raises
@@ -145,7 +150,10 @@ class ReferenceGroup:
             if self._role == "attention":
                 self._send_attention_rows(x, expert_ids, scales, hidden_size, topk, gated, dtype)
                 return self._attention_a2e_outputs(x, blocks)
-            return self._receive_block_rows(x.dtype, batch_size, hidden_size, topk, gated, blocks)
+            expected = self._expected_rows(expert_ids)
+            return self._receive_block_rows(
+                x.dtype, batch_size, hidden_size, topk, gated, blocks, expected
+            )
 
     @guarded
     def e2a(
@@ -166,8 +174,8 @@ class ReferenceGroup:
         with self._lock:
             if self._role == "attention":
                 return self._receive_result(expand_x, hidden_size, dtype)
-            counts = self._block_counts(atten_batch_size, blocks, expand_x, batch_size)
-            self._send_block_results(expand_x, counts, hidden_size, dtype)
+            members = self._block_counts(atten_batch_size, blocks, expand_x, batch_size)
+            self._send_block_results(expand_x, members, hidden_size, dtype)
             return torch.zeros((1, 1), dtype=expand_x.dtype)
 
     # -- attention side --------------------------------------------------------------
@@ -259,6 +267,20 @@ class ReferenceGroup:
 
     # -- FFN side --------------------------------------------------------------------
 
+    def _expected_rows(self, expected: torch.Tensor | None) -> list[int | None]:
+        """Per block member: the rows it must send (None: any), or -1 (takes no part)."""
+        size = len(self._block_peers())
+        if expected is None:
+            return [None] * size
+        values = expected.reshape(-1).tolist()
+        if len(values) != size or any(v < -1 for v in values):
+            raise ValueError(
+                f"afd_ascend::a2e on group {self.name!r}: on an FFN rank, expert_ids gives "
+                f"the rows expected from each of its {size} block members (-1: takes no "
+                f"part), not {values}"
+            )
+        return [int(v) for v in values]
+
     def _receive_block_rows(
         self,
         torch_dtype: torch.dtype,
@@ -267,28 +289,36 @@ class ReferenceGroup:
         topk: int,
         gated: bool,
         blocks: int,
+        expected_rows: list[int | None],
     ) -> list[torch.Tensor]:
-        peers = self._block_peers()
+        members = [
+            (peer, rows)
+            for peer, rows in zip(self._block_peers(), expected_rows, strict=True)
+            if rows != -1
+        ]
+        peers = [peer for peer, _ in members]
         deadline = time.monotonic() + self.timeout_s
         seqs = [self._next_call(peer) for peer in peers]
         heads = [torch.empty(MessageHeader.SIZE, dtype=torch.uint8) for _ in peers]
         posted = [self._post(p, h, send=False) for p, h in zip(peers, heads, strict=True)]
         dtype = WIRE_TORCH_DTYPES[torch_dtype]
         counts = []
-        for peer, seq, head, transfer in zip(peers, seqs, heads, posted, strict=True):
+        for (peer, rows), seq, head, transfer in zip(members, seqs, heads, posted, strict=True):
             self._wait(transfer, deadline, f"a2e call {seq} on group {self.name!r}")
             expected = MessageHeader(
                 "a2e",
                 seq,
                 peer,
                 self.world_rank,
-                0,
+                rows or 0,
                 hidden_size,
                 dtype,
                 topk if gated else 0,
                 gated,
             )
-            counts.append(self._check(head, expected, ignore=("rows",)).rows)
+            counts.append(
+                self._check(head, expected, ignore=("rows",) if rows is None else ()).rows
+            )
         if sum(counts) != batch_size:
             sources = ", ".join(
                 f"{self._failures.describe(p)}: {n}" for p, n in zip(peers, counts, strict=True)
@@ -316,38 +346,47 @@ class ReferenceGroup:
             peer = self._failures.describe(transfer.peer)
             self._wait(transfer, deadline, f"the a2e rows of {peer} on group {self.name!r}")
         ids, weights = routing_from_bytes(routing, batch_size, topk, gated)
+        received = iter(counts)
+        sizes = [-1 if rows == -1 else next(received) for rows in expected_rows]
         return [
             expand_x,
             ids,
             weights,
-            torch.tensor(counts + [0] * (blocks - len(counts)), dtype=torch.int32),
+            torch.tensor(sizes + [0] * (blocks - len(sizes)), dtype=torch.int32),
             torch.ones(batch_size, dtype=torch.bool),
         ]
 
     def _block_counts(
         self, atten_batch_size: torch.Tensor, blocks: int, expand_x: torch.Tensor, batch_size: int
-    ) -> list[int]:
-        """The block's row counts from ``atten_batch_size``, checked against ``expand_x``."""
+    ) -> list[tuple[int, int]]:
+        """(peer, rows) of each block member that took part, from ``atten_batch_size``,
+        checked against ``expand_x``."""
         values = atten_batch_size.reshape(-1).tolist()
         size = len(self._block_peers())
-        if len(values) != blocks or any(values[size:]) or min(values, default=0) < 0:
+        if len(values) != blocks or any(values[size:]) or min(values, default=0) < -1:
             raise AFDProtocolError(
                 f"afd_ascend::e2a on group {self.name!r}: atten_batch_size {values} is not "
                 f"what a2e returned on {self._me()} ({blocks} counts, the first {size} for "
-                "its block, the rest 0); pass output [3] of the matching a2e"
+                "its block (-1: took no part), the rest 0); pass output [3] of the matching "
+                "a2e"
             )
-        counts = values[:size]
+        members = [
+            (peer, rows)
+            for peer, rows in zip(self._block_peers(), values[:size], strict=True)
+            if rows != -1
+        ]
+        total = sum(rows for _, rows in members)
         rows = expand_x.shape[0] if expand_x.dim() == 2 else -1
-        if not sum(counts) == rows == batch_size:
+        if not total == rows == batch_size:
             raise AFDProtocolError(
                 f"afd_ascend::e2a on group {self.name!r}: expand_x is {list(expand_x.shape)}, "
-                f"batch_size={batch_size} and atten_batch_size sums to {sum(counts)}; "
+                f"batch_size={batch_size} and atten_batch_size sums to {total}; "
                 "they must agree (the rows a2e returned, one result row each)"
             )
-        return counts
+        return members
 
     def _send_block_results(
-        self, expand_x: torch.Tensor, counts: list[int], hidden_size: int, dtype: str
+        self, expand_x: torch.Tensor, members: list[tuple[int, int]], hidden_size: int, dtype: str
     ) -> None:
         if expand_x.shape[1] != hidden_size:
             raise ValueError(
@@ -357,7 +396,7 @@ class ReferenceGroup:
         out = rows_as_bytes(expand_x)
         deadline = time.monotonic() + self.timeout_s
         start = 0
-        for peer, rows in zip(self._block_peers(), counts, strict=True):
+        for peer, rows in members:
             self._finish_sends(peer, deadline)
             header = MessageHeader(
                 "e2a", self._next_call(peer), self.world_rank, peer, rows, hidden_size, dtype
