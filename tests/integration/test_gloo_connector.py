@@ -22,6 +22,7 @@ from afd_core.config import AFDConfig
 from afd_core.connector import Connector, WireSpec
 from afd_core.connectors.gloo import P2pGlooAFDConnector
 from afd_core.metadata import AFDDPMetadata, ControlPayload
+from afd_core.registry import get_registry
 from afd_core.runtime.liveness import SILENCE_S
 from tests.integration.peer_errors import reports_peer_gone, skip_the_exchange_rule
 from tests.unit.core.loopback import RecordingReplayGuard
@@ -41,12 +42,13 @@ def config(
     timeout_s: int = 20,
     gate: bool = False,
     idle_limit_s: int = 0,
+    connector: str = "P2pGlooAFDConnector",
 ) -> AFDConfig:
     """``idle_limit_s`` 0 (these tests' default): an attention rank that leaves fails its
     FFN rank; above 0 the FFN rank lets its link go and accepts a replacement."""
     return AFDConfig(
         role=role,
-        connector="P2pGlooAFDConnector",
+        connector=connector,
         port=port,
         num_attention_ranks=a,
         num_ffn_ranks=f,
@@ -65,9 +67,12 @@ def connect(
     wire: WireSpec = WIRE,
     timeout_s: int = 20,
     idle_limit_s: int = 0,
-) -> P2pGlooAFDConnector:
-    cfg = config(role, port, a, f, timeout_s, bool(wire.router_logits_width), idle_limit_s)
-    conn = P2pGlooAFDConnector(cfg, rank, wire)
+    connector: str = "P2pGlooAFDConnector",
+) -> Connector:
+    """An initialised connector of the installed class named ``connector``."""
+    gate = bool(wire.router_logits_width)
+    cfg = config(role, port, a, f, timeout_s, gate, idle_limit_s, connector)
+    conn = get_registry().connector(connector).load()(cfg, rank, wire)
     conn.initialize()
     return conn
 
@@ -127,13 +132,14 @@ def run_ffn(
     payloads: int,
     wire: WireSpec = WIRE,
     sync: Sync | None = None,
+    connector: str = "P2pGlooAFDConnector",
 ) -> tuple[list[tuple[int, ...]], bool]:
     """Serve ``payloads`` control payloads.
 
     Returns the attention ranks of each step, and whether the rendezvous store still
     accepts connections once the connector is closed.
     """
-    conn = connect("ffn", rank, port, a, f, wire)
+    conn = connect("ffn", rank, port, a, f, wire, connector=connector)
     if sync is not None:  # let every rank of the block queue its first payload
         for _ in conn.topology.block_of(rank):
             assert sync.first_sent.acquire(timeout=20)
@@ -166,13 +172,14 @@ def run_attention(
     wire: WireSpec = WIRE,
     syncs: list[Sync] | None = None,
     timeout_s: int = 20,
+    connector: str = "P2pGlooAFDConnector",
 ) -> int:
     """Run one step per entry of ``counts`` (token counts per stage); check every result.
 
     With ``syncs`` (one per FFN rank), closes only once every FFN rank is done: an FFN
     rank stops serving when an attention rank of its block leaves.
     """
-    conn = connect("attention", rank, port, a, f, wire, timeout_s)
+    conn = connect("attention", rank, port, a, f, wire, timeout_s, connector=connector)
     first_step = 100
     checked = 0
     try:

@@ -34,6 +34,7 @@ from afd_core.connector import (
 )
 from afd_core.errors import AFDProtocolError, AFDShutdown
 from afd_core.failures import Fuse, guarded, guarded_until_closed
+from afd_core.step_exchanges import StepExchanges
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -93,31 +94,26 @@ class CamP2pAttentionEndpoint(AttentionEndpoint):
     ) -> None:
         self._spec, self._ops, self._announcer, self._groups = spec, ops, announcer, groups
         self._fuse: Fuse = spec.fuse
-        self._layers = spec.wire.exchange_layers
-        self._step: ControlPayload | None = None
+        self._exchanges = StepExchanges(
+            spec.wire.exchange_layers, f"attention rank {spec.role_rank}"
+        )
+        self._step_id = -1
         self._tokens: tuple[int, ...] = ()
         #: Stage -> (layer, rows sent, atten_batch_size of their a2e).
         self._in_flight: dict[int, tuple[int, torch.Tensor, torch.Tensor]] = {}
-        self._received = 0
 
     @guarded
     def begin_step(self, payload: ControlPayload) -> None:
         """Announce ``payload``'s step; AFDProtocolError while the last one is unfinished."""
-        if self._step is not None and self._received != len(self._layers) * len(self._tokens):
-            raise AFDProtocolError(
-                f"AFD CAM P2P: attention rank {self._spec.role_rank} begins step "
-                f"{payload.step_id} with step {self._step.step_id} unfinished "
-                f"({self._received} of {len(self._layers) * len(self._tokens)} results "
-                "received); every step exchanges every layer in every stage"
-            )
         tokens = payload.tokens_of(self._spec.role_rank)
         if len(tokens) > len(self._groups):
             raise AFDProtocolError(
                 f"AFD CAM P2P: step {payload.step_id} has {len(tokens)} stages, the connector "
                 f"opened op groups for {len(self._groups)}"
             )
+        self._exchanges.begin(payload.step_id, len(tokens))
         self._announcer.send(payload)
-        self._step, self._tokens, self._received = payload, tokens, 0
+        self._step_id, self._tokens = payload.step_id, tokens
         self._in_flight.clear()
 
     @guarded
@@ -131,10 +127,15 @@ class CamP2pAttentionEndpoint(AttentionEndpoint):
         routing: ExpertRouting | None = None,
     ) -> None:
         """``a2e`` of ``hidden`` (this stage's rows) to the FFN rank."""
-        self._check_exchange(layer, stage, hidden.shape[0])
+        self._exchanges.take(layer, stage)  # every layer, every stage, once, in order
         if router_logits is not None or routing is not None:
             raise AFDProtocolError(
                 "AFD CAM P2P: the gate runs on the FFN role; send no router logits or routing"
+            )
+        if hidden.shape[0] != self._tokens[stage]:
+            raise AFDProtocolError(
+                f"AFD CAM P2P: step {self._step_id} announced {self._tokens[stage]} tokens in "
+                f"stage {stage}, layer {layer} sends {hidden.shape[0]}"
             )
         if stage in self._in_flight:
             raise AFDProtocolError(
@@ -160,26 +161,8 @@ class CamP2pAttentionEndpoint(AttentionEndpoint):
         result = call_op(
             self._fuse, self._ops.attention_receive, hidden, sizes, self._groups[stage]
         )
-        self._received += 1
+        self._exchanges.finish()
         return result
-
-    def _check_exchange(self, layer: int, stage: int, rows: int) -> None:
-        step = self._step
-        if step is None:
-            raise AFDProtocolError(
-                f"AFD CAM P2P: attention rank {self._spec.role_rank} exchanges layer {layer} "
-                "before any step began; call begin_step() first"
-            )
-        if layer not in self._layers or not 0 <= stage < len(self._tokens):
-            raise AFDProtocolError(
-                f"AFD CAM P2P: layer {layer} stage {stage} is not an exchange of step "
-                f"{step.step_id} (layers {self._layers}, {len(self._tokens)} stage(s))"
-            )
-        if rows != self._tokens[stage]:
-            raise AFDProtocolError(
-                f"AFD CAM P2P: step {step.step_id} announced {self._tokens[stage]} tokens in "
-                f"stage {stage}, layer {layer} sends {rows}"
-            )
 
 
 class CamP2pFFNEndpoint(FFNEndpoint):
@@ -191,6 +174,7 @@ class CamP2pFFNEndpoint(FFNEndpoint):
         self._spec, self._ops, self._steps, self._groups = spec, ops, steps, groups
         self._fuse: Fuse = spec.fuse
         self._block = tuple(spec.topology.block_of(spec.role_rank))
+        self._exchanges = StepExchanges(spec.wire.exchange_layers, f"FFN rank {spec.role_rank}")
         #: Stage -> (layer, atten_batch_size of its a2e) until its send.
         self._received: dict[int, tuple[int, torch.Tensor]] = {}
 
@@ -203,6 +187,8 @@ class CamP2pFFNEndpoint(FFNEndpoint):
                 f"AFD CAM P2P: step {step.payloads[0].step_id} has {step.num_stages} stages, "
                 f"the connector opened op groups for {len(self._groups)}"
             )
+        if step is not None:
+            self._exchanges.begin(step.payloads[0].step_id, step.num_stages)
         self._received.clear()
         return step
 
@@ -211,6 +197,7 @@ class CamP2pFFNEndpoint(FFNEndpoint):
         """``a2e``: the rows of every attention rank of ``step`` in ``stage``."""
         import torch
 
+        self._exchanges.take(layer, stage)
         splits = step.stage_tokens(stage)
         counts = dict(zip(step.attention_ranks, splits, strict=True))
         expected = torch.tensor([counts.get(a, -1) for a in self._block], dtype=torch.int32)
@@ -231,6 +218,7 @@ class CamP2pFFNEndpoint(FFNEndpoint):
                 f"{batch.stage} without having received it; call recv() and send() in pairs"
             )
         call_op(self._fuse, self._ops.ffn_send, output, received[1], self._groups[batch.stage])
+        self._exchanges.finish()
 
 
 def call_op(fuse: Fuse, op: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
