@@ -229,7 +229,7 @@ def test_a_frozen_ffn_fails_the_streaming_request_in_flight_within_seconds(
         failed_after = time.monotonic() - frozen_at
         took = wait_exit(attention, EXIT_DEADLINE_S)
         log = attention.log_path.read_text(errors="replace")
-        ffn.stop()  # SIGKILL after the grace period: a stopped process ignores SIGTERM
+        ffn.stop(grace_s=0.0)  # SIGKILL at once: a stopped process ignores SIGTERM
     assert frozen_at, "the stream ended before its first chunk"
     assert chunks < REQUEST_TOKENS, f"the request finished ({chunks} chunks) with FFN frozen"
     # An exception, or a stream cut short without its last tokens: never a hang.
