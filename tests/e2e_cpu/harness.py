@@ -7,6 +7,7 @@
 * :func:`complete`: greedy completions through the official ``openai`` client, with the
   token ids and the top-5 logprobs of every generated token;
   :func:`first_mismatch` compares two runs of them.
+* :func:`post_json`: a JSON ``POST`` whose HTTP error status is an answer, not an error.
 * :func:`leftover_processes`: processes of launched servers that are still alive.
 
 Every wait is bounded: server start by :data:`SERVER_START_TIMEOUT_S`, requests by
@@ -15,11 +16,14 @@ Every wait is bounded: server start by :data:`SERVER_START_TIMEOUT_S`, requests 
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,6 +186,18 @@ def _token_id(key: str) -> int:
     if not key.startswith(_TOKEN_ID_PREFIX):
         raise ValueError(f"expected a {_TOKEN_ID_PREFIX}N logprob key, got {key!r}")
     return int(key.removeprefix(_TOKEN_ID_PREFIX))
+
+
+def post_json(url: str, body: Mapping[str, object]) -> tuple[int, str]:
+    """``POST`` ``body`` as JSON to ``url``; the HTTP status and the response text."""
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
+            return response.status, response.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
 
 
 class MonolithicServers:

