@@ -103,6 +103,8 @@ def extended(case: Case) -> Any:
     return pytest.param(case, marks=pytest.mark.extended, id=case.id)
 
 
+CAM_P2P = "CAMP2pAFDConnector"
+
 #: The load test's model and deployments. They lead :data:`DEPLOYMENTS`, so each has the
 #: same parameter index in every test (pytest may group module-scoped parameters by index).
 LOAD_MODEL = "tiny-qwen3-moe"
@@ -116,6 +118,11 @@ DEPLOYMENTS = [
     extended(Case("tiny-qwen3-moe", 1, gate_on_attention=True, ffn_first=False)),
     extended(Case("tiny-deepseek-v2", 1, gate_on_attention=False, ffn_first=False)),
     extended(Case("tiny-deepseek-v2", 1, gate_on_attention=True, ffn_first=True)),
+    # CAM P2P (afd-connectors-npu) on CPU: the a2e/e2a reference ops of afd-ascend-ops.
+    Case("tiny-qwen3-moe", 1, gate_on_attention=False, ffn_first=False, connector=CAM_P2P),
+    Case("tiny-deepseek-v2", 1, gate_on_attention=False, ffn_first=True, connector=CAM_P2P),
+    Case("tiny-qwen3-moe", 2, gate_on_attention=False, ffn_first=True, connector=CAM_P2P),
+    Case("tiny-deepseek-v2", 2, gate_on_attention=False, ffn_first=False, connector=CAM_P2P),
 ]
 
 

@@ -33,7 +33,7 @@ pytestmark = pytest.mark.slow
 
 MODEL = "tiny-qwen3-moe"
 #: The connectors the mismatch and stopped-peer tests run over.
-CONNECTORS = [DEFAULT_CONNECTOR]
+CONNECTORS = [DEFAULT_CONNECTOR, "CAMP2pAFDConnector"]
 PEER_TIMEOUT_S = 30
 #: Server start (imports, engine init) plus the rendezvous timeout, with room to spare.
 EXIT_DEADLINE_S = 150.0
