@@ -68,7 +68,20 @@ CONNECTORS: Mapping[str, ConnectorSpec] = {
     ),
     "FakePlain": ConnectorSpec("FakePlain", f"{_MODULE}:PlainConnector", ("cpu",)),
     "FakeExpert": ConnectorSpec(
-        "FakeExpert", f"{_MODULE}:PlainConnector", ("cpu",), exchange="expert"
+        "FakeExpert",
+        f"{_MODULE}:PlainConnector",
+        ("cpu",),
+        exchange="expert",
+        gate_on_attention=True,
+        gate_reason="routes every token to the FFN ranks that hold its experts, so the "
+        "router runs on the attention role",
+    ),
+    "FakeGateOnFFN": ConnectorSpec(
+        "FakeGateOnFFN",
+        f"{_MODULE}:PlainConnector",
+        ("cpu",),
+        gate_on_attention=False,
+        gate_reason="moves hidden states only",
     ),
     "FakeSloppy": ConnectorSpec("FakeSloppy", f"{_MODULE}:SloppyConnector", ("cpu",)),
     "FakeNotAConnector": ConnectorSpec("FakeNotAConnector", f"{_MODULE}:NotAConnector", ("cpu",)),

@@ -491,6 +491,15 @@ def test_an_expert_routed_connector_requires_the_gate_on_attention() -> None:
     )
 
 
+def test_a_connector_whose_data_carries_no_routing_refuses_the_gate_on_attention() -> None:
+    rejected(
+        "connector 'FakeGateOnFFN' moves hidden states only",
+        "requires compute_gate_on_attention false, got true",
+        '"compute_gate_on_attention": false',
+        raw={"role": "ffn", "connector": "FakeGateOnFFN", "compute_gate_on_attention": True},
+    )
+
+
 def test_an_expert_routed_connector_takes_more_ffn_ranks_than_attention_ranks() -> None:
     config = parse(
         connector="FakeExpert",
@@ -500,8 +509,7 @@ def test_an_expert_routed_connector_takes_more_ffn_ranks_than_attention_ranks() 
         role_rank=0,
     )
     assert config.exchange == "expert"
-    assert config.topology.peers_of("attention", 0) == (0, 1, 2)
-    assert config.topology.peers_of("ffn", 2) == (3,)
+    assert tuple(config.topology.block_of(2)) == (0,)
 
 
 def test_a_block_connector_names_itself_when_it_has_too_many_ffn_ranks() -> None:

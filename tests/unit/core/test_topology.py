@@ -46,22 +46,6 @@ def test_world_ranks_put_ffn_ranks_first_and_round_trip(a, f):
         assert topo.world_rank(role, rank) == world
 
 
-@pytest.mark.parametrize(("a", "f"), sorted(BLOCKS))
-def test_every_attention_rank_sends_control_to_its_own_ffn_rank(a, f):
-    topo = Topology(a, f)
-    for ffn in range(f):
-        assert topo.control_senders(ffn) == tuple(BLOCKS[a, f][ffn])
-    senders = [s for ffn in range(f) for s in topo.control_senders(ffn)]
-    assert sorted(senders) == list(range(a))
-
-
-def test_peers_are_the_serving_ffn_rank_or_the_block():
-    topo = Topology(5, 3)
-    assert topo.peers_of("attention", 3) == (topo.world_rank("ffn", 1),)
-    assert topo.peers_of("ffn", 1) == (5, 6)
-    assert topo.peers_of("ffn", 2) == (7,)
-
-
 def test_fewer_attention_than_ffn_ranks_is_rejected_with_advice():
     with pytest.raises(
         AFDConfigError,
@@ -108,11 +92,9 @@ def test_every_ffn_worker_is_its_own_rank():
     assert ffn_role_rank(0, 2, 1, explicit_rank=4) == 5
 
 
-def test_the_expert_exchange_pairs_every_attention_rank_with_every_ffn_rank():
+def test_the_expert_rank_map_gives_every_ffn_rank_every_attention_rank():
     topo = Topology(2, 3, "expert")  # fewer attention than FFN ranks is fine here
-    assert topo.peers_of("attention", 1) == (0, 1, 2)
-    assert topo.peers_of("ffn", 2) == (3, 4)
-    assert topo.control_senders(0) == (0, 1) and topo.control_senders(1) == ()
+    assert [tuple(topo.block_of(f)) for f in range(3)] == [(0, 1)] * 3
     with pytest.raises(AFDConfigError, match="no single serving FFN rank"):
         topo.ffn_rank_of(0)
     assert "FFN 0 (world 0), which forwards each step" in topo.describe()

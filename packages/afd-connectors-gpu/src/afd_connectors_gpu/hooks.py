@@ -28,6 +28,11 @@ def afd_connectors() -> list[ConnectorSpec]:
             platforms=("cpu", "cuda"),
             supports_cuda_graphs=False,
             exchange="expert",
+            gate_on_attention=True,
+            gate_reason=(
+                "routes every token to the FFN ranks that hold its experts, so the router "
+                "runs on the attention role"
+            ),
             description="Expert-routed M:N: routed experts split over the FFN ranks",
         ),
     ]

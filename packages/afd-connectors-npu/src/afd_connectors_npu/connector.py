@@ -8,7 +8,8 @@ provider (gloo groups, the reference kernels); an NPU provider (HCCL groups, the
 kernels) is not built yet, and no Ascend hardware is available to this project.
 
 Rules: the gate runs on the FFN role (``compute_gate_on_attention`` must be false: the
-ops carry no routing); ``connector_extra_config`` takes ``core_num``, ``attn_core_num``,
+ops carry no routing; its registration says so, so config validation and ``afd check``
+refuse true); ``connector_extra_config`` takes ``core_num``, ``attn_core_num``,
 ``ffn_core_num`` and ``quant_mode`` (0), see :mod:`afd_connectors_npu.extra_config`.
 Importing this module imports no torch.
 """
@@ -22,11 +23,8 @@ from afd_connectors_npu.cam_p2p import CamP2p
 from afd_connectors_npu.extra_config import CamExtraConfig
 from afd_core.assembly import Control, Layout, OpPlane, Recipe
 from afd_core.connector import Connector
-from afd_core.errors import AFDConfigError
 
 if TYPE_CHECKING:
-    from afd_core.config import AFDConfig
-    from afd_core.connector import WireSpec
     from afd_core.op_provider import OpProvider
 
 #: Op groups the provider opens: one per stage of a step (two-stage steps need two).
@@ -37,15 +35,6 @@ class CAMP2pAFDConnector(Connector):
     """AFD connector: one world, announced steps, ``a2e``/``e2a`` op plane, CAM P2P."""
 
     name = "CAMP2pAFDConnector"
-
-    def __init__(self, config: AFDConfig, role_rank: int, wire: WireSpec) -> None:
-        if config.compute_gate_on_attention:
-            raise AFDConfigError(
-                f"AFD config: {self.name} runs the MoE gate on the FFN role (its ops carry no "
-                "routing): it requires compute_gate_on_attention false; set "
-                '"compute_gate_on_attention": false'
-            )
-        super().__init__(config, role_rank, wire)
 
     @classmethod
     def parse_extra_config(cls, raw: Mapping[str, Any]) -> CamExtraConfig:

@@ -19,6 +19,9 @@ def afd_connectors() -> list[ConnectorSpec]:
             name="CAMP2pAFDConnector",
             target="afd_connectors_npu.connector:CAMP2pAFDConnector",
             platforms=("npu", "cpu"),
+            gate_on_attention=False,
+            gate_reason="moves hidden states only (its ops carry no routing), so the gate runs "
+            "on the FFN role",
             description="P2P block exchange; a2e/e2a ops move the data (gate on FFN)",
         ),
     ]

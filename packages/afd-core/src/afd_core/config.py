@@ -327,11 +327,13 @@ def _parse_topology(values: Mapping[str, Any], spec: ConnectorSpec) -> Topology:
 
 def _parse_compute_gate(values: Mapping[str, Any], spec: ConnectorSpec) -> bool:
     compute_gate = to_bool("compute_gate_on_attention", _value(values, "compute_gate_on_attention"))
-    if spec.exchange == "expert" and not compute_gate:
+    required = spec.gate_on_attention
+    if required is not None and compute_gate != required:
+        want, got = str(required).lower(), str(compute_gate).lower()
         raise AFDConfigError(
-            f"AFD config: connector {spec.name!r} routes every token to the FFN ranks that "
-            "hold its experts, so the router runs on the attention role: it requires "
-            'compute_gate_on_attention true, got false; set "compute_gate_on_attention": true'
+            f"AFD config: connector {spec.name!r} {spec.gate_reason}: it requires "
+            f"compute_gate_on_attention {want}, got {got}; set "
+            f'"compute_gate_on_attention": {want}'
         )
     return compute_gate
 

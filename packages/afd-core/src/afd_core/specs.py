@@ -45,9 +45,11 @@ class ConnectorSpec:
     ``platforms``: where it can run. ``requires_async_dp``: the connector only works with
     ``async_dp=true`` (and ``async_dp=true`` is only valid with such a connector).
     ``supports_cuda_graphs``: its data plane can be captured in a CUDA graph.
-    ``exchange``: how it pairs the ranks (:mod:`afd_core.topology`): ``"block"`` (P2P,
-    every FFN rank holds every expert) or ``"expert"`` (routed experts split over the FFN
-    ranks; needs the gate on the attention role).
+    ``exchange``: the rank map its FFN ranks need (:mod:`afd_core.topology`):
+    ``"block"`` (every FFN rank holds every expert) or ``"expert"`` (routed experts split
+    over the FFN ranks). ``gate_on_attention``: None when the connector takes either gate
+    placement, else the ``compute_gate_on_attention`` it requires, ``gate_reason`` saying
+    why (config validation and ``afd check`` refuse the other value with it).
     """
 
     name: str
@@ -57,6 +59,8 @@ class ConnectorSpec:
     supports_cuda_graphs: bool = False
     description: str = ""
     exchange: ExchangePattern = "block"
+    gate_on_attention: bool | None = None
+    gate_reason: str = ""
 
     def load(self) -> type:
         """Import and return the connector class."""

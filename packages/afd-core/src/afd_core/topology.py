@@ -2,16 +2,16 @@
 
 An AFD world holds ``num_ffn_ranks`` FFN ranks followed by ``num_attention_ranks``
 attention ranks (FFN first, so FFN rank 0 is world rank 0 and hosts the rendezvous
-store). The connector's exchange pattern decides who exchanges with whom:
+store). Two rank maps, by where the connector puts the routed experts:
 
-* ``"block"`` (P2P): each FFN rank serves a contiguous block of attention ranks; block
-  sizes differ by at most one, larger blocks first, so ``A >= F``. Every attention rank
-  sends its own per-step control payload to the FFN rank that serves it, so each FFN
-  rank learns the token counts of exactly the attention ranks in its block.
-* ``"expert"`` (expert-routed M:N): routed experts are split over the FFN ranks
-  (:mod:`afd_core.placement`) and every attention rank exchanges with every FFN
-  rank; any ``A`` and ``F``. Attention ranks send their control payloads to FFN rank 0,
-  which forwards each step to the other FFN ranks.
+* ``"block"`` (every FFN rank holds every expert): each FFN rank serves a contiguous
+  block of attention ranks; block sizes differ by at most one, larger blocks first, so
+  ``A >= F``.
+* ``"expert"`` (routed experts split over the FFN ranks, :mod:`afd_core.placement`):
+  every FFN rank serves every attention rank; any ``A`` and ``F``.
+
+Who exchanges data and control with whom is the exchange pattern's pairing rule (a
+connector's recipe, :mod:`afd_core.assembly`), built on these blocks.
 
 Pure Python: no torch, no vLLM.
 """
@@ -109,37 +109,6 @@ class Topology:
             return "ffn", world_rank
         return "attention", world_rank - self.num_ffn_ranks
 
-    def peers_of(self, role: Role, role_rank: int) -> tuple[int, ...]:
-        """World ranks this rank exchanges data with, in block order."""
-        if role == "attention" and self.exchange == "expert":
-            self._check_rank("attention", role_rank)
-            return tuple(self.world_rank("ffn", f) for f in range(self.num_ffn_ranks))
-        if role == "attention":
-            return (self.world_rank("ffn", self.ffn_rank_of(role_rank)),)
-        return tuple(self.world_rank("attention", a) for a in self.block_of(role_rank))
-
-    def liveness_peers(self, role: Role, role_rank: int) -> tuple[int, ...]:
-        """World ranks whose loss this rank must notice: its data peers and, with the
-        expert exchange, the other FFN ranks of an FFN rank (FFN rank 0 relays steps)."""
-        peers = self.peers_of(role, role_rank)
-        if role == "ffn" and self.exchange == "expert":
-            others = tuple(
-                self.world_rank("ffn", f) for f in range(self.num_ffn_ranks) if f != role_rank
-            )
-            peers = others + peers
-        return peers
-
-    def control_senders(self, ffn_rank: int) -> tuple[int, ...]:
-        """Attention role ranks whose control payloads reach ``ffn_rank``.
-
-        P2P: every attention rank of the block sends its own payload, so this equals the
-        block. Expert exchange: all of them reach FFN rank 0, none the others (FFN rank
-        0 forwards the steps).
-        """
-        if self.exchange == "expert":
-            return tuple(range(self.num_attention_ranks)) if ffn_rank == 0 else ()
-        return tuple(self.block_of(ffn_rank))
-
     def num_ranks(self, role: Role) -> int:
         """How many ranks ``role`` has."""
         return self.num_attention_ranks if role == "attention" else self.num_ffn_ranks
@@ -175,7 +144,7 @@ class Topology:
                 f"attention {a} (world {self.world_rank('attention', a)})" for a in block
             )
             lines.append(f"  FFN {f} (world {self.world_rank('ffn', f)}) serves: {attn}")
-            senders = ", ".join(str(a) for a in self.control_senders(f))
+            senders = ", ".join(str(a) for a in block)
             lines.append(f"    control payloads from attention ranks: {senders}")
         return "\n".join(lines)
 

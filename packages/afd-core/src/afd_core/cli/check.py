@@ -119,6 +119,7 @@ def describe(config: AFDConfig, placement: ExpertPlacement | None = None) -> str
     if config.role_rank is not None:
         world = topology.world_rank(config.role, config.role_rank)
         lines.append(f"This process: {config.role} rank {config.role_rank} (world {world})")
+    lines.append(_describe_connector(config.connector))
     lines.append(topology.describe())
     if placement is not None:
         lines.append(placement.describe())
@@ -127,6 +128,19 @@ def describe(config: AFDConfig, placement: ExpertPlacement | None = None) -> str
             "routed experts: split over the FFN ranks in contiguous blocks; pass --model DIR "
             "or --num-experts N to see which FFN rank holds which"
         )
+    return "\n".join(lines)
+
+
+def _describe_connector(name: str) -> str:
+    """What the connector's registration says: what it is, where it runs, its gate rule."""
+    from afd_core.registry import get_registry
+
+    spec = get_registry().connectors[name]  # parse_afd_config found it there
+    lines = [f"Connector {name}: {spec.description or '(no description)'}"]
+    lines.append(f"  platforms: {', '.join(spec.platforms)}")
+    if spec.gate_on_attention is not None:
+        required = str(spec.gate_on_attention).lower()
+        lines.append(f"  requires compute_gate_on_attention {required}: it {spec.gate_reason}")
     return "\n".join(lines)
 
 

@@ -96,15 +96,10 @@ def check_recipe(spec: RuntimeSpec, recipe: Recipe) -> None:
 
 def _on_one_world(spec: RuntimeSpec, recipe: Recipe, parts: Parts) -> object:
     """Rendezvous, the world of every rank, its data plane, then the endpoint."""
-    session, _ = join_session(spec)
+    data_peers = _data_peers(spec, recipe)
+    session, _ = join_session(spec, data_peers)
     parts.add(Part("rendezvous session", release=session.close))
     pattern, topology = recipe.pattern, spec.topology
-    if spec.role == "attention":
-        peers = pattern.ffn_peers(topology, spec.role_rank)
-        data_peers = tuple(topology.world_rank("ffn", f) for f in peers)
-    else:
-        peers = pattern.attention_peers(topology, spec.role_rank)
-        data_peers = tuple(topology.world_rank("attention", a) for a in peers)
     transport = recipe.data.open if isinstance(recipe.data, TransportPlane) else None
     liveness = pattern.liveness_peers(topology, spec.role, spec.role_rank)
     world = open_world(spec, session, transport, data_peers, liveness)
@@ -112,18 +107,25 @@ def _on_one_world(spec: RuntimeSpec, recipe: Recipe, parts: Parts) -> object:
     return endpoint_on_world(spec, recipe, world, parts)
 
 
+def _data_peers(spec: RuntimeSpec, recipe: Recipe) -> tuple[int, ...]:
+    """The world ranks ``spec``'s rank exchanges data with, by the recipe's pattern."""
+    pattern, topology = recipe.pattern, spec.topology
+    if spec.role == "attention":
+        return tuple(
+            topology.world_rank("ffn", f) for f in pattern.ffn_peers(topology, spec.role_rank)
+        )
+    return tuple(
+        topology.world_rank("attention", a)
+        for a in pattern.attention_peers(topology, spec.role_rank)
+    )
+
+
 def endpoint_on_world(spec: RuntimeSpec, recipe: Recipe, world: World, parts: Parts) -> object:
     """``recipe``'s op groups (on an op plane), replay guard, control channel and role
     endpoint on the open ``world`` of every rank; their parts go into ``parts``."""
     pattern, topology = recipe.pattern, spec.topology
     op_groups = _open_op_groups(spec, recipe, world)
-    if spec.role == "attention":
-        first_peer = topology.world_rank("ffn", pattern.ffn_peers(topology, spec.role_rank)[0])
-    else:
-        first_peer = topology.world_rank(
-            "attention", pattern.attention_peers(topology, spec.role_rank)[0]
-        )
-    replays = _replay_guard(spec, recipe, world, first_peer, parts)
+    replays = _replay_guard(spec, recipe, world, _data_peers(spec, recipe)[0], parts)
     context = _context(spec, world)
     if spec.role == "attention":
         announcer = None
@@ -233,7 +235,7 @@ def _attention_on_links(spec: RuntimeSpec, recipe: Recipe, parts: Parts) -> obje
     attention rank that left, :mod:`afd_core.runtime.seats`), then a link with every FFN
     rank of the pattern's pairing, in FFN rank order."""
     assert isinstance(recipe.data, TransportPlane)
-    session, generation = join_session(spec, seated=True)
+    session, generation = join_session(spec, _data_peers(spec, recipe), seated=True)
     parts.add(Part("rendezvous session", release=session.close))
     pattern, topology = recipe.pattern, spec.topology
     worlds: dict[int, World] = {}
@@ -271,7 +273,7 @@ def _ffn_on_links(spec: RuntimeSpec, recipe: Recipe, parts: Parts) -> object:
     attention ranks may be replaced (``ffn_idle_limit_s`` > 0), the link acceptor. The
     FFN rank that receives an attention rank's announcements keeps its seat records."""
     assert isinstance(recipe.data, TransportPlane)
-    session, _ = join_session(spec)
+    session, _ = join_session(spec, _data_peers(spec, recipe))
     parts.add(Part("rendezvous session", release=session.close))
     pattern, rank = recipe.pattern, spec.role_rank
     relay_world = None

@@ -363,18 +363,19 @@ def exchange_hello(
     session: Session,
     me: Hello,
     topology: Topology,
+    peers: tuple[int, ...],
     timeout_s: float,
     should_stop: Callable[[], bool] = lambda: False,
     seated: bool = False,
 ) -> int:
     """Publish ``me`` and check the hello record of every other rank of ``topology``.
 
-    Peers (the ranks ``me`` exchanges data with) come first. Raises AFDProtocolError on
-    the first difference (after writing the abort record) or when another rank aborted,
-    AFDPeerError when a rank does not arrive within ``timeout_s``, AFDShutdown when
-    ``should_stop`` turns true. A second rank with the same role and role rank (two
-    servers started with one ``role_rank``) aborts the rendezvous at once, and every rank
-    then raises AFDProtocolError naming that rank.
+    ``peers`` (the world ranks ``me`` exchanges data with, by its pattern) come first.
+    Raises AFDProtocolError on the first difference (after writing the abort record) or
+    when another rank aborted, AFDPeerError when a rank does not arrive within
+    ``timeout_s``, AFDShutdown when ``should_stop`` turns true. A second rank with the
+    same role and role rank (two servers started with one ``role_rank``) aborts the
+    rendezvous at once, and every rank then raises AFDProtocolError naming that rank.
 
     With ``seated`` (connectors that let an attention rank be replaced, see
     :mod:`afd_core.runtime.seats`) an attention rank that joins a running world as a rank whose
@@ -402,7 +403,6 @@ def exchange_hello(
             )
             _abort(session, topology, problem)
         store.set(session.key("hello", me.role, me.role_rank), me.encode())
-        peers = topology.peers_of(me.role, me.role_rank)
         others = [w for w in range(topology.world_size) if w != me.world_rank and w not in peers]
         pending = [topology.role_of_world_rank(w) for w in (*peers, *others)]
         delay = _POLL_START_S

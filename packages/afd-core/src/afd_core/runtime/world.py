@@ -129,8 +129,11 @@ class World:
         return Part(name, interrupt=self.interrupt, release=self.release)
 
 
-def join_session(spec: RuntimeSpec, seated: bool = False) -> tuple[Session, int]:
-    """Open (FFN rank 0: host) the rendezvous session and exchange hello records.
+def join_session(
+    spec: RuntimeSpec, peers: tuple[int, ...], seated: bool = False
+) -> tuple[Session, int]:
+    """Open (FFN rank 0: host) the rendezvous session and exchange hello records, those
+    of ``peers`` (world ranks) first.
 
     Returns the session and the generation of the seat this rank took (``seated``: see
     :func:`~afd_core.runtime.rendezvous.exchange_hello`; 0 otherwise). Bounded by the AFD
@@ -148,7 +151,7 @@ def join_session(spec: RuntimeSpec, seated: bool = False) -> tuple[Session, int]
     )  # fmt: skip
     try:
         generation = exchange_hello(
-            session, Hello.of(config, spec.role_rank, spec.wire), spec.topology,
+            session, Hello.of(config, spec.role_rank, spec.wire), spec.topology, peers,
             spec.timeout_s, should_stop, seated,
         )  # fmt: skip
     except BaseException:

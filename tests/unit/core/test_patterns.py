@@ -1,0 +1,42 @@
+"""The exchange patterns' pairing rules: who exchanges data and control with whom."""
+
+from __future__ import annotations
+
+import pytest
+
+from afd_core.assembly import EXPERT_ROUTED, P2P_BLOCK
+from afd_core.topology import Topology
+from tests.unit.core.test_topology import BLOCKS
+
+
+@pytest.mark.parametrize(("a", "f"), sorted(BLOCKS))
+def test_p2p_block_announces_to_and_exchanges_with_the_serving_ffn_rank_only(a, f):
+    topo = Topology(a, f)
+    for ffn in range(f):
+        block = tuple(BLOCKS[a, f][ffn])
+        assert P2P_BLOCK.announcers_of(topo, ffn) == block
+        assert P2P_BLOCK.attention_peers(topo, ffn) == block
+        for attention in block:
+            assert P2P_BLOCK.ffn_peers(topo, attention) == (ffn,)
+            assert P2P_BLOCK.announce_to(topo, attention) == (ffn,)
+    senders = [s for ffn in range(f) for s in P2P_BLOCK.announcers_of(topo, ffn)]
+    assert sorted(senders) == list(range(a))
+
+
+def test_p2p_block_liveness_peers_are_the_serving_ffn_rank_or_the_block():
+    topo = Topology(5, 3)
+    assert P2P_BLOCK.liveness_peers(topo, "attention", 3) == (topo.world_rank("ffn", 1),)
+    assert P2P_BLOCK.liveness_peers(topo, "ffn", 1) == (5, 6)
+    assert P2P_BLOCK.liveness_peers(topo, "ffn", 2) == (7,)
+
+
+def test_expert_routed_pairs_every_attention_rank_with_every_ffn_rank_and_relays_steps():
+    topo = Topology(2, 3, "expert")  # fewer attention than FFN ranks is fine here
+    assert EXPERT_ROUTED.ffn_peers(topo, 1) == (0, 1, 2)
+    assert EXPERT_ROUTED.attention_peers(topo, 2) == (0, 1)
+    assert EXPERT_ROUTED.announce_to(topo, 1) == (0,)
+    assert EXPERT_ROUTED.announcers_of(topo, 0) == (0, 1)
+    assert EXPERT_ROUTED.announcers_of(topo, 1) == ()
+    # An FFN rank watches the other FFN ranks (FFN rank 0 relays the steps) and its peers.
+    assert EXPERT_ROUTED.liveness_peers(topo, "ffn", 2) == (0, 1, 3, 4)
+    assert EXPERT_ROUTED.liveness_peers(topo, "attention", 0) == (0, 1, 2)
