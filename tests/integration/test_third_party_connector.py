@@ -12,6 +12,7 @@ gloo. The package is uninstalled afterwards. Needs afd-core installed as a distr
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import os
@@ -328,3 +329,17 @@ def test_recipe_connector_counts_the_bytes_each_side_posted(
     # Receives are posted at the size of the message they get: both sides agree.
     assert attention["sent"] == ffn["received"]
     assert ffn["sent"] == attention["received"]
+
+
+def test_the_example_package_imports_only_afd_cores_public_contract() -> None:
+    imported = set()
+    for source in (EXAMPLE / "src").rglob("*.py"):
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("afd_core"):
+                imported.update(f"{node.module}:{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.Import):
+                imported.update(f"{a.name}:" for a in node.names if a.name.startswith("afd_core"))
+    assert "afd_core.assembly:P2P_BLOCK" in imported
+    private = sorted(n for n in imported if n.partition(":")[2].startswith("_"))
+    internal = sorted(n for n in imported if n.startswith(("afd_core.runtime", "afd_core.workers")))
+    assert private == [] and internal == []
