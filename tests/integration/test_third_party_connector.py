@@ -191,9 +191,8 @@ def example_installed() -> Iterator[None]:
 def seen(example_installed: None) -> dict[str, Any]:
     """What a fresh interpreter with the example package installed reports."""
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD], capture_output=True, text=True, env=plugin_env(),
-        timeout=120,
-    )  # fmt: skip
+        [sys.executable, "-c", CHILD], capture_output=True, text=True, env=plugin_env(), timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
