@@ -1,7 +1,7 @@
 """The plugin module named by this package's ``afd`` entry point.
 
-It imports nothing heavy: the connector class is named as ``"module:Class"`` and only
-imported when a deployment selects it.
+It imports nothing heavy: the connector classes are named as ``"module:Class"`` and only
+imported when a deployment selects them.
 """
 
 from __future__ import annotations
@@ -12,12 +12,18 @@ from afd_core.specs import ConnectorSpec
 
 @hookimpl
 def afd_connectors() -> list[ConnectorSpec]:
-    """Register ExampleLoopbackConnector (runs wherever torch runs, no CUDA graphs)."""
+    """Register this package's two connectors (no CUDA graphs)."""
     return [
         ConnectorSpec(
             name="ExampleLoopbackConnector",
             target="afd_example_connector.connector:ExampleLoopbackConnector",
             platforms=("cpu", "cuda", "npu"),
             description="In-process loopback; an example for connector authors",
-        )
+        ),
+        ConnectorSpec(
+            name="ExampleGlooP2pConnector",
+            target="afd_example_connector.gloo_p2p:ExampleGlooP2pConnector",
+            platforms=("cpu", "cuda", "npu"),
+            description="A recipe: one world, gloo data plane with a byte counter, P2P block",
+        ),
     ]
