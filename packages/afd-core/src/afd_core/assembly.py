@@ -241,13 +241,16 @@ class Pattern(ABC):
     """An exchange pattern: its pairing rules and its role endpoints.
 
     ``data_plane``: the kind of data plane its endpoints use (:class:`TransportPlane`
-    or :class:`OpPlane`). ``relays_steps``: the attention ranks announce every step to
-    FFN rank 0, which relays it to the other FFN ranks (every FFN rank then runs every
-    step); otherwise each attention rank announces to the FFN ranks it exchanges with.
+    or :class:`OpPlane`). ``controls``: the control slots its endpoints work with
+    (afd-core's patterns need announced steps). ``relays_steps``: the attention ranks
+    announce every step to FFN rank 0, which relays it to the other FFN ranks (every FFN
+    rank then runs every step); otherwise each attention rank announces to the FFN ranks
+    it exchanges with.
     """
 
     name: ClassVar[str] = ""
     data_plane: ClassVar[type[TransportPlane] | type[OpPlane]] = TransportPlane
+    controls: ClassVar[tuple[Control, ...]] = (Control.ANNOUNCED,)
     relays_steps: ClassVar[bool] = False
 
     def check(self, spec: RuntimeSpec) -> None:

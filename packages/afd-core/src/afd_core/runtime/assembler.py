@@ -86,6 +86,17 @@ def check_recipe(spec: RuntimeSpec, recipe: Recipe) -> None:
         raise AFDConfigError(
             f"AFD {spec.name}: an op plane's groups span one world of every rank; use Layout.WORLD"
         )
+    if recipe.control not in pattern.controls:
+        works = " or ".join(c.name for c in pattern.controls)
+        raise AFDConfigError(
+            f"AFD {spec.name}: the {pattern.name} pattern works with Control.{works}, the "
+            f"recipe gives Control.{recipe.control.name}"
+        )
+    if recipe.replay_guard is not None and recipe.layout is not Layout.WORLD:
+        raise AFDConfigError(
+            f"AFD {spec.name}: a replay guard bounds the replays of one world's data plane; "
+            "use Layout.WORLD (graph steps on links are not built)"
+        )
     if recipe.control is Control.IN_BAND and recipe.layout is Layout.LINKS:
         raise AFDConfigError(
             f"AFD {spec.name}: links are opened per announcing attention rank; a recipe "
