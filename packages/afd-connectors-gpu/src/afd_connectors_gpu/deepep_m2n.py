@@ -38,6 +38,7 @@ from afd_core.assembly import (
     TransportSite,
     gloo_data_plane,
 )
+from afd_core.coercion import reject_unknown_fields
 from afd_core.connector import Connector
 from afd_core.errors import AFDConfigError
 from afd_core.transport import Transport
@@ -62,12 +63,7 @@ class M2NExtraConfig:
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> M2NExtraConfig:
         """Parse ``raw`` strictly; AFDConfigError naming any unknown or invalid field."""
-        unknown = sorted(set(raw) - {"transport"})
-        if unknown:
-            raise AFDConfigError(
-                f"AFD config: connector_extra_config has unknown fields {unknown} for "
-                "DeepEPM2NAFDConnector; it accepts only transport"
-            )
+        reject_unknown_fields(raw, ("transport",), "DeepEPM2NAFDConnector")
         transport = raw.get("transport", "auto")
         if transport not in _CHOICES:
             raise AFDConfigError(

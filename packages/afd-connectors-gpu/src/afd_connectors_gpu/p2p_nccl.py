@@ -32,9 +32,8 @@ from afd_core.assembly import (
     TransportPlane,
     TransportSite,
 )
-from afd_core.coercion import to_bool
+from afd_core.coercion import reject_unknown_fields, to_bool
 from afd_core.connector import Connector
-from afd_core.errors import AFDConfigError
 from afd_core.transport import Transport
 
 
@@ -50,13 +49,10 @@ class NcclExtraConfig:
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> NcclExtraConfig:
         """Parse ``raw`` strictly; AFDConfigError naming any unknown or invalid field."""
-        unknown = sorted(set(raw) - {"high_priority_stream"})
-        if unknown:
-            raise AFDConfigError(
-                f"AFD config: connector_extra_config has unknown fields {unknown} for "
-                "P2pNcclAFDConnector; it accepts only high_priority_stream (each rank uses "
-                "its current CUDA device)"
-            )
+        reject_unknown_fields(
+            raw, ("high_priority_stream",), "P2pNcclAFDConnector",
+            " (each rank uses its current CUDA device)",
+        )  # fmt: skip
         return cls(
             to_bool(
                 "connector_extra_config.high_priority_stream",

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from afd_core.coercion import to_int_at_least
+from afd_core.coercion import reject_unknown_fields, to_int_at_least
 from afd_core.errors import AFDConfigError
 from afd_core.topology import Role
 
@@ -30,13 +30,7 @@ class CamExtraConfig:
     @classmethod
     def parse(cls, raw: Mapping[str, Any], connector: str) -> CamExtraConfig:
         """Parse ``raw``; AFDConfigError naming an unknown key or a bad value."""
-        known = [f.name for f in fields(cls)]
-        unknown = sorted(set(raw) - set(known))
-        if unknown:
-            raise AFDConfigError(
-                f"AFD config: connector_extra_config has unknown fields {unknown} for "
-                f"{connector}; it accepts only {known}"
-            )
+        reject_unknown_fields(raw, (f.name for f in fields(cls)), connector)
         values = {
             "core_num": to_int_at_least(
                 "connector_extra_config.core_num", raw.get("core_num", cls.core_num), 1,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from afd_core.errors import AFDConfigError
@@ -124,3 +124,17 @@ def to_mapping(key: str, value: Any, advice: str) -> Mapping[str, Any]:
             f"AFD config: {key} must be a mapping (a JSON object), got {show(value)}; {advice}"
         )
     return value
+
+
+def reject_unknown_fields(
+    raw: Mapping[str, Any], accepted: Iterable[str], connector: str, note: str = ""
+) -> None:
+    """AFDConfigError naming every key of ``connector_extra_config`` ``raw`` that
+    ``connector`` does not accept (``note`` ends the message: a hint for the user)."""
+    accepted = sorted(accepted)
+    unknown = sorted(set(raw) - set(accepted))
+    if unknown:
+        raise AFDConfigError(
+            f"AFD config: connector_extra_config has unknown fields {unknown} for "
+            f"{connector}; it accepts only {', '.join(accepted)}{note}"
+        )

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from afd_core.coercion import reject_unknown_fields
 from afd_core.connector import (
     AttentionEndpoint,
     Connector,
@@ -73,12 +74,7 @@ class ExampleLoopbackConnector(Connector):
     @classmethod
     def parse_extra_config(cls, raw: Mapping[str, Any]) -> LoopbackExtra:
         """Accept only ``loopback_delay_ms`` (an int >= 0); name any other field."""
-        unknown = sorted(set(raw) - {"loopback_delay_ms"})
-        if unknown:
-            raise AFDConfigError(
-                f"AFD config: connector_extra_config has unknown fields {unknown} for "
-                f"{cls.name}; it accepts only loopback_delay_ms"
-            )
+        reject_unknown_fields(raw, ("loopback_delay_ms",), cls.name)
         delay = raw.get("loopback_delay_ms", 0)
         if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
             raise AFDConfigError(

@@ -26,9 +26,8 @@ from afd_core.assembly import (
     TransportSite,
     gloo_data_plane,
 )
-from afd_core.coercion import to_bool
+from afd_core.coercion import reject_unknown_fields, to_bool
 from afd_core.connector import Connector
-from afd_core.errors import AFDConfigError
 from afd_example_connector.byte_counting import ByteCountingTransport, ByteCounts
 
 if TYPE_CHECKING:
@@ -57,12 +56,7 @@ class ExampleGlooP2pConnector(Connector):
     @classmethod
     def parse_extra_config(cls, raw: Mapping[str, Any]) -> GlooP2pExtra:
         """Accept only ``count_bytes`` (true or false); name any other field."""
-        unknown = sorted(set(raw) - {"count_bytes"})
-        if unknown:
-            raise AFDConfigError(
-                f"AFD config: connector_extra_config has unknown fields {unknown} for "
-                f"{cls.name}; it accepts only count_bytes"
-            )
+        reject_unknown_fields(raw, ("count_bytes",), cls.name)
         key = "connector_extra_config.count_bytes"
         return GlooP2pExtra(count_bytes=to_bool(key, raw.get("count_bytes", False)))
 
