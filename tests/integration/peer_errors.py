@@ -9,14 +9,17 @@ def reports_peer_gone(error: str | None, peer: str, doing: str) -> bool:
 
     Two parts may notice first, so two wordings are right: the transport ("<peer> closed
     the connection during <doing>") and the peer watch ("<peer> is gone: ..." or
-    "<peer> left: ...", with "(while waiting for <doing>)").
+    "<peer> left: ...", with "(while waiting for <doing>)"). A data plane of ops names
+    its own call ("<peer> closed the connection during e2a call 3 on group ...", with
+    "(while waiting for <doing>)").
     """
     if error is None:
         return False
     if f"{peer} closed the connection during {doing}" in error:
         return True
-    watched = f"{peer} is gone: " in error or f"{peer} left: " in error
-    return watched and f"(while waiting for {doing})" in error
+    said = ("is gone: ", "left: ", "closed the connection during ")
+    named = any(f"{peer} {what}" in error for what in said)
+    return named and f"(while waiting for {doing})" in error
 
 
 def skip_the_exchange_rule(layers: tuple[int, ...]) -> None:

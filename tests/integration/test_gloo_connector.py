@@ -180,26 +180,42 @@ def run_attention(
     rank stops serving when an attention rank of its block leaves.
     """
     conn = connect("attention", rank, port, a, f, wire, timeout_s, connector=connector)
-    first_step = 100
-    checked = 0
     try:
-        for i, stage_counts in enumerate(counts):
-            step = first_step + i
-            conn.attention.begin_step(payload(rank, step, stage_counts))
-            if syncs is not None and i == 0:
-                syncs[conn.topology.ffn_rank_of(rank)].first_sent.release()
-            for layer in range(wire.num_exchange_layers):
-                for stage, n in enumerate(stage_counts):
-                    hidden, logits = attention_inputs(rank, step, layer, stage, n, wire)
-                    conn.attention.send(layer, stage, hidden, router_logits=logits)
-                    out = conn.attention.recv(layer, stage)
-                    expected = ffn_function(hidden, layer, logits)
-                    assert torch.equal(out, expected), (rank, step, layer, stage)
-                    checked += n
+        first_sent = None if syncs is None else syncs[conn.topology.ffn_rank_of(rank)].first_sent
+        checked = exchange_steps(conn, rank, counts, wire, first_sent)
         for sync in syncs or ():
             assert sync.done.wait(20), "an FFN rank did not finish"
     finally:
         conn.close()
+    return checked
+
+
+def exchange_steps(
+    conn: Connector,
+    rank: int,
+    counts: list[tuple[int, ...]],
+    wire: WireSpec = WIRE,
+    first_sent: Any = None,
+) -> int:
+    """Attention rank ``rank`` of ``conn`` runs steps 100, 101, ...: one per entry of
+    ``counts`` (token counts per stage), every result checked; returns the rows checked.
+
+    ``first_sent`` (a semaphore) is released once the first step was announced.
+    """
+    checked = 0
+    for i, stage_counts in enumerate(counts):
+        step = 100 + i
+        conn.attention.begin_step(payload(rank, step, stage_counts))
+        if first_sent is not None and i == 0:
+            first_sent.release()
+        for layer in range(wire.num_exchange_layers):
+            for stage, n in enumerate(stage_counts):
+                hidden, logits = attention_inputs(rank, step, layer, stage, n, wire)
+                conn.attention.send(layer, stage, hidden, router_logits=logits)
+                out = conn.attention.recv(layer, stage)
+                expected = ffn_function(hidden, layer, logits)
+                assert torch.equal(out, expected), (rank, step, layer, stage)
+                checked += n
     return checked
 
 
@@ -316,8 +332,8 @@ def test_mispaired_layer_is_a_protocol_error_naming_both_views(ranks, port):
     assert reports_peer_gone(out["attn"].error, "FFN rank 0 (world rank 0)", "layer 1 of step 5")
 
 
-def ffn_dying_at_layer_1(port: int) -> None:
-    conn = connect("ffn", 0, port, 1, 1)
+def ffn_dying_at_layer_1(port: int, connector: str = "P2pGlooAFDConnector") -> None:
+    conn = connect("ffn", 0, port, 1, 1, connector=connector)
     step = conn.ffn.next_step()
     batch = conn.ffn.recv(step, 0, 0)
     conn.ffn.send(batch, ffn_function(batch.hidden, 0, None))
@@ -366,9 +382,9 @@ def test_close_from_another_thread_wakes_recv_step(ranks, port):
     assert out["ffn"].value < 5.0
 
 
-def silent_ffn(port: int, release: Any) -> str:
+def silent_ffn(port: int, release: Any, connector: str = "P2pGlooAFDConnector") -> str:
     """Takes one layer from the attention rank, never answers, then sees it leave."""
-    conn = connect("ffn", 0, port, 1, 1)
+    conn = connect("ffn", 0, port, 1, 1, connector=connector)
     try:
         step = conn.ffn.next_step()
         conn.ffn.recv(step, 0, 0)
@@ -382,8 +398,10 @@ def silent_ffn(port: int, release: Any) -> str:
         conn.close()
 
 
-def attention_closed_while_waiting(port: int, release: Any) -> tuple[str, float]:
-    conn = connect("attention", 0, port, 1, 1)
+def attention_closed_while_waiting(
+    port: int, release: Any, connector: str = "P2pGlooAFDConnector"
+) -> tuple[str, float]:
+    conn = connect("attention", 0, port, 1, 1, connector=connector)
     closed_at = []
 
     def close_later() -> None:

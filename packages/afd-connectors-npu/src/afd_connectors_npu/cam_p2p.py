@@ -15,7 +15,9 @@ Each stage has its own op group (``side.op_groups[stage]``), so two stages in fl
 never share a message stream. The ops check every message's header (a mispaired call
 raises AFDProtocolError naming both sides), bound every wait by the AFD timeout, and
 wake on the provider's interrupt; a lost peer fails the connector through afd-core's
-peer watch. The gate runs on the FFN role: router logits never travel.
+peer watch. An op's error names the op call and its group; :func:`call_op` adds the
+layer and step the rank was waiting for. The gate runs on the FFN role: router logits
+never travel.
 """
 
 from __future__ import annotations
@@ -32,8 +34,8 @@ from afd_core.connector import (
     FFNLayerBatch,
     FFNStep,
 )
-from afd_core.errors import AFDProtocolError, AFDShutdown
-from afd_core.failures import Fuse, guarded, guarded_until_closed
+from afd_core.errors import AFDError, AFDProtocolError, AFDShutdown
+from afd_core.failures import Fuse, guarded, guarded_until_closed, layer_of_step
 from afd_core.step_exchanges import StepExchanges
 
 P = ParamSpec("P")
@@ -143,7 +145,8 @@ class CamP2pAttentionEndpoint(AttentionEndpoint):
                 f"stage {stage} before receiving layer {self._in_flight[stage][0]} of that "
                 "stage; call send() and recv() in pairs"
             )
-        sizes = call_op(self._fuse, self._ops.attention_send, hidden, self._groups[stage])
+        doing = layer_of_step(layer, self._step_id)
+        sizes = call_op(self._fuse, doing, self._ops.attention_send, hidden, self._groups[stage])
         self._in_flight[stage] = (layer, hidden, sizes)
 
     @guarded
@@ -158,8 +161,9 @@ class CamP2pAttentionEndpoint(AttentionEndpoint):
                 "and recv() in pairs"
             )
         _, hidden, sizes = sent
+        doing = layer_of_step(layer, self._step_id)
         result = call_op(
-            self._fuse, self._ops.attention_receive, hidden, sizes, self._groups[stage]
+            self._fuse, doing, self._ops.attention_receive, hidden, sizes, self._groups[stage]
         )
         self._exchanges.finish()
         return result
@@ -203,8 +207,9 @@ class CamP2pFFNEndpoint(FFNEndpoint):
         expected = torch.tensor([counts.get(a, -1) for a in self._block], dtype=torch.int32)
         dtype = getattr(torch, self._spec.wire.dtype)
         hidden, sizes = call_op(
-            self._fuse, self._ops.ffn_receive, expected, sum(splits), dtype, self._groups[stage]
-        )
+            self._fuse, layer_of_ffn_step(layer, step), self._ops.ffn_receive, expected,
+            sum(splits), dtype, self._groups[stage],
+        )  # fmt: skip
         self._received[stage] = (layer, sizes)
         return FFNLayerBatch(step=step, layer=layer, stage=stage, hidden=hidden, splits=splits)
 
@@ -217,15 +222,41 @@ class CamP2pFFNEndpoint(FFNEndpoint):
                 f"AFD CAM P2P: FFN rank {self._spec.role_rank} sends layer {batch.layer} stage "
                 f"{batch.stage} without having received it; call recv() and send() in pairs"
             )
-        call_op(self._fuse, self._ops.ffn_send, output, received[1], self._groups[batch.stage])
+        call_op(
+            self._fuse, layer_of_ffn_step(batch.layer, batch.step), self._ops.ffn_send, output,
+            received[1], self._groups[batch.stage],
+        )  # fmt: skip
         self._exchanges.finish()
 
 
-def call_op(fuse: Fuse, op: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-    """``op(*args)``; an op woken by an interrupt raises the connector's failure when a
-    lost peer caused it (AFDShutdown only when the connector was closed)."""
+def call_op(fuse: Fuse, doing: str, op: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """``op(*args)`` while this rank waits for ``doing`` (``"layer 3 of step 17"``).
+
+    An op woken by an interrupt raises the connector's failure when a lost peer caused
+    it (AFDShutdown only when the connector was closed); that failure and the op's own
+    AFD errors (which name the op call and its group, not the step) get "(while waiting
+    for <doing>)" appended, the wording of afd-core's endpoints.
+    """
     try:
         return op(*args, **kwargs)
     except AFDShutdown:
-        fuse.check_failure()
-        raise
+        if fuse.failure is None:
+            raise
+        error: AFDError = fuse.failure
+    except AFDError as exc:
+        error = exc
+    raise type(error)(f"{error} (while waiting for {doing})") from None
+
+
+def layer_of_ffn_step(layer: int, step: FFNStep) -> str:
+    """What an FFN rank waits for at ``layer`` of ``step``: ``"layer 3 of step 17"``, or,
+    where its attention ranks' step numbers differ, ``"layer 3 of step 17 of attention
+    rank 0, step 4 of attention rank 1"``."""
+    ids = {payload.step_id for payload in step.payloads}
+    if len(ids) == 1:
+        return layer_of_step(layer, ids.pop())
+    steps = (
+        f"step {p.step_id} of attention rank {rank}"
+        for rank, p in zip(step.attention_ranks, step.payloads, strict=True)
+    )
+    return f"layer {layer} of {', '.join(steps)}"

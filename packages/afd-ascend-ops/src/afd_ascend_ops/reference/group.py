@@ -496,9 +496,10 @@ class ReferenceGroup:
             raise AFDProtocolError(
                 f"afd_ascend::{expected.op} on group {self.name!r}: the message {sender} "
                 f"sent differs from what {self._me()} expects: {'; '.join(diffs)}. The two "
-                "roles' calls are mispaired (a call skipped or repeated, or different "
-                "hidden_size, dtype or routing arguments): call a2e and e2a once per layer "
-                "and stage on both roles, with the same model"
+                "roles' calls are mispaired (a call skipped or repeated, other rows than the "
+                "FFN rank expects, or different hidden_size, dtype or routing arguments): "
+                "call a2e and e2a once per layer and stage on both roles, with the same "
+                "model and row counts"
             )
         return header
 
