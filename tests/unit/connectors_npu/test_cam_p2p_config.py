@@ -1,5 +1,6 @@
-"""What building CAMP2pAFDConnector refuses: the gate on the attention role, and a
-``connector_extra_config`` with unknown keys or a quantised transfer.
+"""What CAMP2pAFDConnector refuses: the gate on the attention role (its registration,
+through config validation), and a ``connector_extra_config`` with unknown keys or a
+quantised transfer (building it).
 
 Pure: building the connector imports no torch.
 """
@@ -12,27 +13,23 @@ import pytest
 
 from afd_connectors_npu.connector import CAMP2pAFDConnector
 from afd_connectors_npu.extra_config import CamExtraConfig
-from afd_core.config import AFDConfig
+from afd_core.config import AFDConfig, parse_afd_config
 from afd_core.connector import WireSpec
 from afd_core.errors import AFDConfigError
 
 WIRE = WireSpec(hidden_size=16, dtype="bfloat16", num_exchange_layers=2)
 
 
-def build(role: str = "attention", gate: bool = False, **extra: object) -> CAMP2pAFDConnector:
-    config = AFDConfig(
-        role=role,
-        connector="CAMP2pAFDConnector",
-        compute_gate_on_attention=gate,
-        connector_extra_config=extra,
-    )
+def build(role: str = "attention", **extra: object) -> CAMP2pAFDConnector:
+    config = AFDConfig(role=role, connector="CAMP2pAFDConnector", connector_extra_config=extra)
     return CAMP2pAFDConnector(config, 0, WIRE)
 
 
 @pytest.mark.parametrize("role", ["attention", "ffn"])
 def test_the_gate_on_the_attention_role_is_refused_naming_the_key(role: str) -> None:
+    raw = {"role": role, "connector": "CAMP2pAFDConnector", "compute_gate_on_attention": True}
     with pytest.raises(AFDConfigError, match='set "compute_gate_on_attention": false'):
-        build(role, gate=True)
+        parse_afd_config(raw)
 
 
 def test_unknown_extra_config_keys_are_named_with_the_keys_it_accepts() -> None:
@@ -40,7 +37,7 @@ def test_unknown_extra_config_keys_are_named_with_the_keys_it_accepts() -> None:
         build(depth=2, quant=1)
     message = str(error.value)
     assert "unknown fields ['depth', 'quant'] for CAMP2pAFDConnector" in message
-    assert "['core_num', 'attn_core_num', 'ffn_core_num', 'quant_mode']" in message
+    assert "it accepts only attn_core_num, core_num, ffn_core_num, quant_mode" in message
 
 
 @pytest.mark.parametrize("mode", [1, 2])
