@@ -38,9 +38,9 @@ if TYPE_CHECKING:
 
 #: Every part of a frame starts at a multiple of this many bytes.
 FRAME_ALIGN = 64
-#: The largest frame; a larger message is a header message and the bare tensors. Measured
-#: on gloo (docs/performance.md): frames beat header messages at 64 and 256 KiB per
-#: direction (1.3-1.6x raw against 1.7-2.0x) and tie with them at 1 MiB.
+#: The largest frame; a larger message is a header message and the bare tensors: on gloo
+#: frames beat header messages below this size and tie with them at it (the A/B is in
+#: docs/performance.md).
 FRAME_LIMIT_BYTES = 1 << 20
 
 memmove = ctypes.memmove
