@@ -21,6 +21,7 @@ from afd_core.connector import WireSpec  # noqa: E402
 from afd_core.errors import AFDPeerError, AFDProtocolError, AFDShutdown  # noqa: E402
 from afd_core.metadata import AFDDPMetadata, ControlPayload  # noqa: E402
 from afd_core.runtime.messages import frames  # noqa: E402
+from afd_core.step_exchanges import StepExchanges  # noqa: E402
 from tests.unit.core.loopback import DATA_PLANES, close_all, loopback_connectors  # noqa: E402
 
 
@@ -170,8 +171,18 @@ def pair(message_form):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (device headers)")
-def test_in_device_memory_a_mispaired_layer_is_found_at_the_end_of_the_step_on_both_sides():
+def test_in_device_memory_a_mispaired_layer_is_found_at_the_end_of_the_step_on_both_sides(
+    monkeypatch: pytest.MonkeyPatch,
+):
     # NCCL's path: headers are compared on the device once the step's last message is in.
+    # Both endpoints run a build that skips the rule of a step's exchanges (any layer, any
+    # order), so that the mispaired layer reaches the wire and the header check.
+    layers = WIRE.exchange_layers
+
+    def take_any(self: StepExchanges, layer: int, stage: int) -> int:
+        return stage * len(layers) + layers.index(layer)
+
+    monkeypatch.setattr(StepExchanges, "take", take_any)
     (attn,), (ffn,) = loopback_connectors(1, 1, WIRE, data_plane="device")
     try:
         attn.attention.begin_step(payload(0, 3, 2))
