@@ -174,8 +174,9 @@ QWEN3_MOE = TinyModelSpec(
     lm_head_scale=3.0,
     embedding_scale=24.0,
     ffn_output_scale=384.0,
-    # Without shared parts, a router near-tie at the top-2 boundary (rounding decides
-    # which expert is second) swaps a large share of the output and no seed is sharp.
+    # Without a shared part, a router near-tie at the top-2 boundary (rounding decides
+    # which expert is second) swaps a large part of the output: bf16 shifts of up to 7
+    # nats, and no seed passes the margin ratio.
     expert_spread=0.1,
 )
 
@@ -210,9 +211,9 @@ DEEPSEEK_V2 = TinyModelSpec(
     lm_head_scale=3.0,
     embedding_scale=24.0,
     ffn_output_scale=384.0,
-    # The dense first layer and the shared expert carry the smooth part of the FFN, and
-    # routed weights are not renormalised: independent experts stay sharp.
-    expert_spread=1.0,
+    # As for Qwen3-MoE: with independent experts a near-tie swap moves the runner-up
+    # logprobs by more than the end-to-end tolerance when a step is batched differently.
+    expert_spread=0.1,
 )
 
 TINY_MODELS: Mapping[str, TinyModelSpec] = MappingProxyType(
