@@ -5,10 +5,10 @@ best two scores are often a hair apart, and scaling the lm_head does not help: i
 the rounding noise of bf16 compute by the same factor. Instead the lm_head is built from
 the model itself: the row of token ``successor[x]`` is the final hidden state of token
 ``x`` run alone (position 0, :mod:`afd_models.tiny.alone`), normalised, times
-``lm_head_scale``. Greedy decoding then
-follows the successor map of the last token, by a wide margin, as long as a token's final
-hidden state in context stays close to its own alone and the states of different tokens
-are far apart (random 128-dimensional directions nearly are). Two scales see to that:
+``lm_head_scale``. Greedy decoding then follows the successor map of the last token, by a
+wide margin, as long as a token's final hidden state in context stays close to its state
+alone and the states of different tokens are far apart (random 128-dimensional directions
+nearly are). Two scales see to that:
 
 * ``embedding_scale`` and ``ffn_output_scale`` make what the current token contributes
   (its embedding and the FFN outputs computed from it) outweigh the attention output,
