@@ -11,8 +11,9 @@ CUDA graphs, ``FULL_DECODE_ONLY`` and ``FULL`` (NCCL only; the monolithic refere
 captures the same graphs, and the AFD output is also compared with monolithic eager
 output: same greedy tokens, and with ``FULL_DECODE_ONLY`` the same logprobs within the
 tolerance. Under ``FULL`` vLLM's own logprobs move off eager, most likely because prefill
-batches replay padded graphs too: measured on H200, AFD with ``FULL`` equals monolithic
-with ``FULL`` exactly and both differ from eager by up to 0.125 nats).
+batches replay padded graphs too: measured on H200 with the earlier, less FFN-dependent
+tiny models, AFD with ``FULL`` equals monolithic with ``FULL`` exactly and both differ
+from eager by up to 0.125 nats).
 
 With ``P2pGlooAFDConnector`` (a CPU transport) both roles share the attention GPU (GPU 0
 unless ``$AFD_E2E_ROLE_GPUS`` says otherwise): the attention role's tensors cross to the

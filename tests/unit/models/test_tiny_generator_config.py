@@ -1,19 +1,22 @@
-"""The tiny-model specs and sharpness criteria (pure: no torch, no transformers)."""
+"""The tiny-model specs, sharpness and FFN-dependence criteria (pure: no torch, no transformers)."""
 
 from __future__ import annotations
 
 import dataclasses
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from afd_models.tiny.generate import TinyModelReport
 from afd_models.tiny.measure import Margin
 from afd_models.tiny.specs import (
     CPU_ATTENTION_HEAD_SIZES,
     CPU_MLA_LATENT_SIZE,
     DEEPSEEK_V2,
     MEASURED_TOKENS,
+    MIN_FFN_TOKEN_SHARE,
     MIN_GAP_NATS,
     PROMPTS,
     QWEN3_MOE,
@@ -92,9 +95,9 @@ def _margin(**changes) -> Margin:
         min_gap_nats=10.0,
         max_bf16_shift_nats=0.1,
         mean_ffn_shift_nats=1.0,
-        ffn_token_share=0.0,
+        ffn_changed_tokens=60,
         distinct_tokens=90,
-        continuations=((1, 2),),
+        continuations=tuple(tuple(range(24)) for _ in range(4)),
     )
     return dataclasses.replace(sharp, **changes)
 
@@ -119,9 +122,45 @@ def test_an_ffn_that_barely_moves_the_logits_is_a_shortfall():
     assert len(found) == 1 and "without FFN" in found[0]
 
 
+def test_at_least_a_third_of_the_greedy_tokens_must_depend_on_the_ffn():
+    assert pytest.approx(1 / 3) == MIN_FFN_TOKEN_SHARE
+    assert _margin(ffn_changed_tokens=32).shortfalls() == []  # 32 of 96: exactly a third
+    found = _margin(ffn_changed_tokens=31).shortfalls()
+    assert found == ["zeroing the FFN changes 31 of 96 greedy tokens (32%) < 33%"]
+
+
+def test_a_model_whose_tokens_ignore_the_ffn_is_refused_however_sharp():
+    # The review's case: sharp margins, a visible FFN shift, but no token changes.
+    found = _margin(min_gap_nats=12.49, mean_ffn_shift_nats=2.11, ffn_changed_tokens=0)
+    assert [s for s in found.shortfalls() if "zeroing the FFN changes 0 of 96" in s]
+
+
+def test_the_summary_line_prints_the_share_of_tokens_the_ffn_decides():
+    report = TinyModelReport(
+        name="tiny-x",
+        path=Path("/models/tiny-x"),
+        architecture="X",
+        weight_seed=0,
+        attempts=1,
+        num_parameters=1_000_000,
+        tokenizer_size=VOCAB_SIZE,
+        margin=_margin(ffn_changed_tokens=57),
+        sha256="0" * 64,
+        seconds=1.0,
+    )
+    assert "FFN zeroed: 57 of 96 tokens changed (59%)" in report.summary()
+
+
+def test_expert_spread_outside_zero_to_one_is_rejected():
+    with pytest.raises(ValueError, match=r"expert_spread is 0, but must be in \(0, 1\]"):
+        dataclasses.replace(QWEN3_MOE, expert_spread=0)
+    with pytest.raises(ValueError, match=r"expert_spread is 1.5"):
+        dataclasses.replace(QWEN3_MOE, expert_spread=1.5)
+
+
 def test_importing_the_tiny_package_loads_no_torch():
     code = (
-        "import sys, afd_models.tiny, afd_models.tiny.measure; "
+        "import sys, afd_models.tiny, afd_models.tiny.generate, afd_models.tiny.__main__; "
         "assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -1,4 +1,4 @@
-"""Tiny random MoE checkpoints for the CPU tests, with sharp greedy decisions.
+"""Tiny random MoE checkpoints for the CPU tests: sharp greedy decisions that need the FFN.
 
 ``python -m afd_models.tiny OUT_DIR`` builds them. This package imports no torch: the
 specs are plain data; ``afd_models.tiny.generate`` does the building.

@@ -1,6 +1,6 @@
 """``python -m afd_models.tiny OUT_DIR [--seed N] [--model NAME ...]``: build tiny models.
 
-Exit status 0 when every model was built sharp enough, 1 otherwise.
+Exit status 0 when every model was built sharp and FFN-dependent enough, 1 otherwise.
 """
 
 from __future__ import annotations

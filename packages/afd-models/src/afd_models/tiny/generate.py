@@ -37,7 +37,7 @@ REPORT_FILE = "afd_tiny_model.json"
 
 
 class TinyModelError(AFDError):
-    """No weight seed gave a model sharp enough to test with."""
+    """No weight seed gave a model sharp and FFN-dependent enough to test with."""
 
 
 @dataclass(frozen=True)
@@ -59,13 +59,14 @@ class TinyModelReport:
     seconds: float
 
     def summary(self) -> str:
-        """One line for people: sizes, margin, FFN sensitivity, digest."""
+        """One line for people: sizes, margin, FFN dependence, digest."""
         m = self.margin
         return (
             f"{self.name}: {self.num_parameters / 1e6:.2f}M params, "
             f"min gap {m.min_gap_nats:.2f} nats, bf16 shift {m.max_bf16_shift_nats:.3f}, "
-            f"ratio {m.margin_ratio:.0f}, FFN shift {m.mean_ffn_shift_nats:.2f} nats "
-            f"({m.ffn_token_share:.0%} of tokens), "
+            f"ratio {m.margin_ratio:.0f}, FFN zeroed: {m.ffn_changed_tokens} of "
+            f"{m.measured_tokens} tokens changed ({m.ffn_token_share:.0%}), "
+            f"mean gap shift {m.mean_ffn_shift_nats:.2f} nats, "
             f"{m.distinct_tokens} distinct tokens, seed {self.weight_seed} "
             f"(attempt {self.attempts}), sha256 {self.sha256[:12]}, {self.seconds:.1f}s "
             f"-> {self.path}"
@@ -78,7 +79,7 @@ def generate_tiny_models(
     """Build the models ``names`` (default: all of ``TINY_MODELS``) under ``out_root``.
 
     Each lands in ``out_root / spec.name``. Raises KeyError for an unknown name and
-    TinyModelError when a model cannot be made sharp enough.
+    TinyModelError when a model cannot be made sharp and FFN-dependent enough.
     """
     specs = [TINY_MODELS[n] for n in (names or TINY_MODELS)]
     tokenizer = build_tokenizer(seed)
@@ -91,7 +92,8 @@ def generate_tiny_model(
     """Build, sharpen, measure and save one model into ``out_dir`` (created if needed).
 
     Tries weight seeds ``seed, seed + 1, ...`` up to ``MAX_ATTEMPTS``; raises
-    TinyModelError listing every attempt's shortfalls when none is sharp enough.
+    TinyModelError listing every attempt's shortfalls (:meth:`Margin.shortfalls`) when
+    none is sharp and FFN-dependent enough.
     """
     import torch
 
@@ -113,9 +115,10 @@ def generate_tiny_model(
         failures.append(f"seed {weight_seed}: " + ", ".join(margin.shortfalls()))
     else:
         raise TinyModelError(
-            f"tiny model {spec.name}: no weight seed was sharp enough ("
+            f"tiny model {spec.name}: no weight seed was sharp and FFN-dependent enough ("
             + "; ".join(failures)
-            + "); change lm_head_scale / ffn_output_scale in afd_models.tiny.specs"
+            + "); change embedding_scale / ffn_output_scale / expert_spread in "
+            "afd_models.tiny.specs"
         )
     out_dir.mkdir(parents=True, exist_ok=True)
     _save(model, tokenizer, out_dir)

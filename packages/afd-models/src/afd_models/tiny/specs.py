@@ -4,8 +4,11 @@ Pure Python (no torch): the unit tests check these specs without building a mode
 
 The two models are random but *sharp*: greedy decoding must never sit on a near-tie, or
 an AFD deployment and a monolithic one could pick different tokens from rounding noise
-alone. ``generate`` measures the margin on :data:`PROMPTS` and refuses a model that
-falls short of :data:`MIN_GAP_NATS` or :data:`MIN_MARGIN_RATIO`.
+alone. They are also *FFN-dependent*: without the FFN output most greedy tokens change,
+so equal tokens prove the FFN path right, not just the attention path. ``generate``
+measures both on :data:`PROMPTS` and refuses a model that falls short of
+:data:`MIN_GAP_NATS`, :data:`MIN_MARGIN_RATIO`, :data:`MIN_FFN_EFFECT_RATIO` or
+:data:`MIN_FFN_TOKEN_SHARE`.
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ MIN_MARGIN_RATIO = 4.0
 # Smallest accepted ratio of the mean change of a gap when the FFN outputs are zeroed to
 # that bf16 shift: the FFN role must show in the logprobs well above rounding noise.
 MIN_FFN_EFFECT_RATIO = 4.0
+# Smallest accepted share of the measured greedy tokens that change, on the same prefix,
+# when every MLP/MoE output (dense layers and shared experts included) is zeroed.
+MIN_FFN_TOKEN_SHARE = 1 / 3
 # Weight seeds tried per model (seed, seed + 1, ...) before generation gives up.
 MAX_ATTEMPTS = 4
 
@@ -57,10 +63,13 @@ class TinyModelSpec:
     ``config``: the Hugging Face config keywords that define the shape (token ids, vocab
     size and rope are added by :meth:`hf_config_kwargs`). ``lm_head_scale``: the norm of
     every lm_head row (the logit of the predicted token is about ``lm_head_scale *
-    sqrt(hidden_size)``). ``embedding_scale``: factor on the input embeddings, so the
-    current token dominates the residual stream and greedy decisions stay clear.
-    ``ffn_output_scale``: factor on every MLP/expert ``down_proj``, so the FFN output
-    still moves the logits well above rounding noise.
+    sqrt(hidden_size)``). ``embedding_scale`` and ``ffn_output_scale``: factors on the
+    input embeddings and on every MLP/expert ``down_proj``; together they make what the
+    current token contributes to the residual stream outweigh the attention (context),
+    and their ratio makes the FFN output the larger part of it. ``expert_spread``: how
+    much of its weights each routed expert owns (1: all; below 1 the rest is shared by
+    all experts of the layer), so that swapping the k-th and (k+1)-th expert on a router
+    near-tie moves the output little (see :mod:`afd_models.tiny.sharpen`).
     """
 
     name: str
@@ -70,6 +79,14 @@ class TinyModelSpec:
     lm_head_scale: float
     embedding_scale: float
     ffn_output_scale: float
+    expert_spread: float
+
+    def __post_init__(self) -> None:
+        if not 0 < self.expert_spread <= 1:
+            raise ValueError(
+                f"tiny model {self.name}: expert_spread is {self.expert_spread}, but must be "
+                "in (0, 1] (1: experts share nothing)"
+            )
 
     @property
     def uses_mla(self) -> bool:
@@ -155,8 +172,12 @@ QWEN3_MOE = TinyModelSpec(
         }
     ),
     lm_head_scale=3.0,
-    embedding_scale=3.0,
-    ffn_output_scale=6.0,
+    embedding_scale=24.0,
+    ffn_output_scale=384.0,
+    # Without a shared part, a router near-tie at the top-2 boundary (rounding decides
+    # which expert is second) swaps a large part of the output: bf16 shifts of up to 7
+    # nats, and no seed passes the margin ratio.
+    expert_spread=0.1,
 )
 
 DEEPSEEK_V2 = TinyModelSpec(
@@ -188,8 +209,11 @@ DEEPSEEK_V2 = TinyModelSpec(
         }
     ),
     lm_head_scale=3.0,
-    embedding_scale=6.0,
-    ffn_output_scale=4.0,
+    embedding_scale=24.0,
+    ffn_output_scale=384.0,
+    # As for Qwen3-MoE: with independent experts a near-tie swap moves the runner-up
+    # logprobs by more than the end-to-end tolerance when a step is batched differently.
+    expert_spread=0.1,
 )
 
 TINY_MODELS: Mapping[str, TinyModelSpec] = MappingProxyType(

@@ -1,0 +1,106 @@
+"""The final hidden state of every token run alone, computed in float64 from the weights.
+
+:mod:`afd_models.tiny.sharpen` builds the lm_head from these states, and the lm_head is
+saved in bf16: computed in fp32, the states would differ in their last bits between CPUs
+(vectorised kernels sum in a different order on AVX2 and AVX-512), and a few lm_head
+values would round to the other bf16 neighbour, so the checkpoint would not be the same
+on every machine. In float64 those differences are some 1e-16 of a value, and rounding
+to bf16 turns them into the same bytes everywhere.
+
+Transformers computes norms and routers in fp32 whatever the model dtype, so this is
+the forward of the two tiny architectures written out for one token at position 0,
+where attention is simple: the token attends only to itself (weight 1) and rotary
+embedding is the identity, so the attention output is ``o_proj`` of the values.
+:func:`final_hidden_alone` checks the result against transformers' own fp32 forward.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+# Largest accepted 1 - cosine between a float64 state and transformers' fp32 one: fp32
+# rounding is some 1e-7 of a value, a different model would be far off.
+MAX_FP32_DISAGREEMENT = 1e-4
+
+
+def final_hidden_alone(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """float64 [len(ids), hidden_size]: the final (normed) hidden state of each token alone.
+
+    ``model``: a Qwen3-MoE or DeepSeek-V2 causal LM of transformers (SiLU MLPs, greedy
+    top-k routing). Raises RuntimeError when the result disagrees with transformers' fp32
+    forward, i.e. when this module no longer matches the model code.
+    """
+    import torch
+
+    if model.config.hidden_act != "silu":
+        raise RuntimeError(f"hidden_act {model.config.hidden_act!r}: only silu is written out")
+    decoder = model.model
+    with torch.no_grad():
+        x = _f64(decoder.embed_tokens.weight)[ids]
+        for layer in decoder.layers:
+            x = x + _attention(layer.self_attn, _rms(layer.input_layernorm, x))
+            x = x + _ffn(layer.mlp, _rms(layer.post_attention_layernorm, x))
+        states = _rms(decoder.norm, x)
+        reference = decoder(input_ids=ids[:, None]).last_hidden_state[:, 0].double()
+    disagreement = float((1 - torch.cosine_similarity(states, reference, dim=1)).max())
+    if disagreement > MAX_FP32_DISAGREEMENT:
+        raise RuntimeError(
+            f"afd_models.tiny.alone: float64 final hidden states differ from transformers' "
+            f"(1 - cosine {disagreement:.2e} > {MAX_FP32_DISAGREEMENT}); the model code "
+            "changed, update afd_models/tiny/alone.py to match it"
+        )
+    return states
+
+
+def _f64(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().double()
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x @ _f64(weight).T
+
+
+def _rms(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
+    return _f64(norm.weight) * x * scale
+
+
+def _attention(attn: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``o_proj`` of each query head's value (the token's own, attention weight 1)."""
+    if hasattr(attn, "kv_b_proj"):  # MLA: values come out of the normed latent
+        latent = _linear(x, attn.kv_a_proj_with_mqa.weight)[:, : attn.kv_lora_rank]
+        per_head = _linear(_rms(attn.kv_a_layernorm, latent), attn.kv_b_proj.weight)
+        per_head = per_head.view(len(x), -1, attn.qk_nope_head_dim + attn.v_head_dim)
+        values = per_head[..., attn.qk_nope_head_dim :]
+    else:  # grouped-query attention: each KV head serves num_key_value_groups query heads
+        values = _linear(x, attn.v_proj.weight).view(len(x), -1, attn.head_dim)
+        values = values.repeat_interleave(attn.num_key_value_groups, dim=1)
+    return _linear(values.reshape(len(x), -1), attn.o_proj.weight)
+
+
+def _ffn(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A dense SwiGLU MLP, or a MoE block: routed experts plus any shared experts."""
+    import torch
+    import torch.nn.functional as F
+
+    if not hasattr(mlp, "experts"):
+        gate = _linear(x, mlp.gate_proj.weight)
+        return _linear(F.silu(gate) * _linear(x, mlp.up_proj.weight), mlp.down_proj.weight)
+    router = mlp.gate
+    probs = _linear(x, router.weight).softmax(dim=-1)
+    weights, chosen = torch.topk(probs, router.top_k)
+    if getattr(router, "norm_topk_prob", False):
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    weights = weights * getattr(router, "routed_scaling_factor", 1.0)
+    routing = torch.zeros_like(probs).scatter(1, chosen, weights)  # [tokens, experts]
+    # Every expert on every token (small here), then the routing weights pick and mix.
+    gate, up = torch.einsum("eih,th->eti", _f64(mlp.experts.gate_up_proj), x).chunk(2, dim=-1)
+    outputs = torch.einsum("ehi,eti->eth", _f64(mlp.experts.down_proj), F.silu(gate) * up)
+    out = torch.einsum("te,eth->th", routing, outputs)
+    shared = getattr(mlp, "shared_experts", None)
+    return out if shared is None else out + _ffn(shared, x)
