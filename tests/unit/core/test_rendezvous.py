@@ -146,3 +146,11 @@ def test_a_rank_listens_on_its_own_address_towards_ffn_rank_0():
 
     assert local_address_towards("127.0.0.1") == "127.0.0.1"
     assert local_address_towards("localhost") in {"127.0.0.1", "::1"}
+
+
+def test_a_num_stages_difference_names_both_values():
+    message = compare_hello(hello("attention", 0, num_stages=2), hello("ffn", 0, num_stages=1))
+    assert message == (
+        "AFD rendezvous: this attention rank 0 has num_stages=2, FFN rank 0 (world rank 0) "
+        "has 1; start both roles with the same AFD config"
+    )

@@ -81,10 +81,14 @@ def afd_config(role: str = "attention") -> AFDConfig:
     return AFDConfig(role=role, connector="FakeConnector")  # type: ignore[arg-type]
 
 
-def vllm_config(worker_cls: str = "auto", afd: dict[str, Any] | None = None) -> SimpleNamespace:
+def vllm_config(
+    worker_cls: str = "auto", afd: dict[str, Any] | None = None, ubatches: int = 1
+) -> SimpleNamespace:
     return SimpleNamespace(
         additional_config={} if afd is None else {"afd": afd},
-        parallel_config=SimpleNamespace(worker_cls=worker_cls),
+        parallel_config=SimpleNamespace(
+            worker_cls=worker_cls, use_ubatching=ubatches > 1, num_ubatches=ubatches
+        ),
         cache_config=SimpleNamespace(enable_prefix_caching=True),
     )
 
@@ -269,6 +273,8 @@ def make_platform_class() -> type:
             cls.calls += 1
             if vllm_config.parallel_config.worker_cls == "auto":
                 vllm_config.parallel_config.worker_cls = STOCK_WORKER
+            # vLLM's CPU platform switches DBO off, with a warning.
+            vllm_config.parallel_config.use_ubatching = False
 
         @classmethod
         def validate_request(cls, processed_inputs: Any, params: Any) -> None:
@@ -469,3 +475,20 @@ def test_registered_hook_rejects_an_explicit_foreign_worker(
     )
     with pytest.raises(AFDConfigError, match=r"UnrelatedWorker.*attention role on cpu"):
         fake.platform_cls.check_and_update_config(cfg)
+
+
+@pytest.mark.parametrize("num_stages", [1, 2])
+def test_vllms_dbo_given_to_an_afd_deployment_is_refused_pointing_at_num_stages(
+    monkeypatch: pytest.MonkeyPatch, num_stages: int
+) -> None:
+    fake = install_fake_vllm(monkeypatch, "0.32.0")
+    get_plugin_manager().register(RolePackagesPlugin(), name="test")
+    register()
+    afd = {"role": "attention", "connector": "FakeConnector", "num_stages": num_stages}
+    cfg = vllm_config("auto", afd=afd, ubatches=2)
+    with pytest.raises(AFDConfigError) as info:
+        fake.platform_cls.check_and_update_config(cfg)
+    message = str(info.value)
+    assert "--enable-dbo" in message and f"(num_stages {num_stages})" in message
+    assert message.endswith('set "num_stages": 2 in the AFD config of both roles instead')
+    assert fake.platform_cls.calls == 1  # refused although vLLM's own hook switched DBO off

@@ -100,13 +100,15 @@ def test_without_a_compute_device_the_ffn_gets_the_received_tensors_as_they_are(
     assert h.model.devices == ["cpu"] * 3
 
 
-def test_stats_count_steps_layer_batches_and_tokens():
+def test_stats_count_steps_stages_layer_batches_and_tokens():
     h = Harness()
     h.run_until_closed(ffn_step(0, 5), ffn_step(1, 1, 2))
     assert h.server.stats.as_dict() == {
         "steps": 2,
         "layer_exchanges": 9,
         "tokens": 8,
+        "stages": 3,
+        "two_stage_steps": 1,
         "rows": 5 * 3 + (1 + 2) * 3,  # every layer of every stage
         "graphs_captured": 0,
         "graph_replays": 0,

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
+from afd_attention.stage_scheduler import StageScheduler
 from afd_attention.step_driver import METADATA_KEY, SCHEDULED, WARMUP, StepDriver, StepFlags
 from afd_core.errors import AFDProtocolError
 from afd_core.metadata import AFDDPMetadata, ControlPayload
@@ -195,3 +198,80 @@ def test_custom_exchange_layers_are_exchanged_in_their_order():
 def test_exchange_layers_must_be_the_wire_specs():
     with pytest.raises(ValueError, match=r"exchanges layers \(0, 1\) but the wire spec"):
         make_driver(layers=(0, 1))
+
+
+# Two stages ----------------------------------------------------------------------------
+
+
+class StageForwards:
+    """A forward context per stage; each stage's turn installs its own (as the runner
+    installs vLLM's forward context at every hand-off)."""
+
+    def __init__(self) -> None:
+        self.kwargs: list[dict[str, Any]] = [{}, {}]
+        self.current: dict[str, Any] | None = None
+
+    @contextmanager
+    def turn(self, stage: int) -> Iterator[None]:
+        previous, self.current = self.current, self.kwargs[stage]
+        try:
+            yield
+        finally:
+            self.current = previous
+
+    def slot(self) -> dict[str, Any]:
+        assert self.current is not None, "an exchange ran outside a stage's turn"
+        return self.current
+
+
+@pytest.fixture
+def staged() -> Iterator[tuple[StepDriver, RecordingConnector, StageScheduler, StageForwards]]:
+    forwards = StageForwards()
+    scheduler = StageScheduler(timeout_s=10.0, turn_context=forwards.turn)
+    connector = RecordingConnector(make_config(), 0, WIRE)
+    driver = StepDriver(
+        connector, WIRE, 0, step_slot=forwards.slot, after_send=scheduler.checkpoint
+    )
+    yield driver, connector, scheduler, forwards
+    scheduler.close()
+
+
+def test_a_two_stage_step_announces_both_stages_once_and_exchanges_them_in_turns(staged):
+    driver, connector, scheduler, forwards = staged
+    for stage, metadata in enumerate(driver.begin_stages((3, 2))):
+        assert (metadata.stage_index, metadata.padded_lens) == (stage, (3, 2))
+        forwards.kwargs[stage][METADATA_KEY] = metadata
+    scheduler.run_step([lambda: run_layers(driver, 3), lambda: run_layers(driver, 2)])
+    [payload] = [e[1] for e in connector.events if e[0] == "begin_step"]
+    assert payload.stages == (AFDDPMetadata(0, (3,)), AFDDPMetadata(0, (2,)))
+    exchanges = [e[:3] for e in connector.events if e[0] in ("send", "recv")]
+    assert exchanges == [
+        ("send", 0, 0), ("send", 0, 1),
+        ("recv", 0, 0), ("send", 1, 0),
+        ("recv", 0, 1), ("send", 1, 1),
+        ("recv", 1, 0), ("send", 2, 0),
+        ("recv", 1, 1), ("send", 2, 1),
+        ("recv", 2, 0), ("recv", 2, 1),
+    ]  # fmt: skip
+    assert (driver.completed_steps, driver.two_stage_steps) == (1, 1)
+    driver.begin_stages((1, 1))  # the endpoint saw every layer of both stages
+
+
+def test_a_stage_with_another_token_count_than_announced_fails_the_step(staged):
+    driver, _, scheduler, forwards = staged
+    for stage, metadata in enumerate(driver.begin_stages((3, 2))):
+        forwards.kwargs[stage][METADATA_KEY] = metadata
+    with pytest.raises(
+        AFDProtocolError, match="layer 0 of step 0 has 3 tokens where the step announced 2"
+    ):
+        scheduler.run_step([lambda: run_layers(driver, 3), lambda: run_layers(driver, 3)])
+    assert driver.completed_steps == 0
+
+
+def test_two_stages_never_begin_on_a_capturing_stream():
+    stream = FakeStream()
+    driver, connector, _ = make_driver(stream=stream)
+    stream.capturing = True
+    with pytest.raises(AFDProtocolError, match="two-stage steps run eagerly"):
+        driver.begin_stages((2, 2))
+    assert connector.events == []

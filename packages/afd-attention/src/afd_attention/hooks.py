@@ -37,12 +37,27 @@ def afd_validate(config: AFDConfig, vllm_config: Any) -> None:
     """Reject attention deployments the workers cannot run (before any worker starts)."""
     if config.role == "attention":
         check_parallel_layout(config, vllm_config.parallel_config)
+        check_num_stages(config)
         if current_platform_name() == "cuda":
             check_cuda_graphs(
                 get_registry().connector(config.connector),
                 vllm_config.compilation_config.cudagraph_mode,
                 vllm_config.parallel_config.data_parallel_size,
             )
+
+
+def check_num_stages(config: AFDConfig) -> None:
+    """Raise AFDConfigError for a number of stages the attention workers cannot run.
+
+    Two stages per step are not built into the attention runners yet: a deployment that
+    asks for them is refused rather than run with one stage.
+    """
+    if config.num_stages != 1:
+        raise AFDConfigError(
+            f"AFD config: num_stages {config.num_stages} is not supported by this "
+            'afd-attention yet (its runners run one stage per step); set "num_stages": 1 '
+            "on both roles"
+        )
 
 
 #: vLLM CUDA graph modes the attention role runs: each captured graph is a whole forward,

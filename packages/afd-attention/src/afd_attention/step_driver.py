@@ -19,6 +19,12 @@ order; the connector's attention endpoint owns that rule (the endpoint contract,
 layers itself: it checks only what the endpoint cannot see (the forward's step metadata
 and token count).
 
+Two stages per step: :meth:`StepDriver.begin_stages` announces both stages' token counts
+in one control payload and returns each stage's metadata, which the runner installs in
+that stage's forward context; each stage then runs the model on its own thread (see
+:mod:`afd_attention.stage_scheduler`), and between the send and the receive of every
+layer the driver calls its ``after_send`` checkpoint, where the other stage takes over.
+
 CUDA graphs: a step begun while the current stream is being captured is a *capture*
 step (``is_graph_capturing``): its exchanges are recorded into the graph, no data flows
 and the FFN rank captures its side. A graph *replay* runs no Python, so the runner
@@ -34,7 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from afd_core.connector import Connector, ExpertRouting, WireSpec
@@ -99,8 +105,11 @@ class StepDriver:
     spec's ``exchange_layers``). ``step_slot`` returns the current forward's
     ``additional_kwargs`` dict and ``is_capturing`` tells whether the current stream is
     being captured (defaults: :func:`forward_context_kwargs`, :func:`stream_is_capturing`).
+    ``after_send`` runs between the send and the receive of every exchange (a two-stage
+    step's checkpoint; default: nothing).
 
-    Not thread-safe: vLLM runs the forwards of a worker on one thread.
+    Not thread-safe: one thread at a time (vLLM's worker thread, or the stage thread that
+    holds the turn of a two-stage step).
     """
 
     def __init__(
@@ -112,6 +121,7 @@ class StepDriver:
         exchange_layers: Sequence[int] | None = None,
         step_slot: Callable[[], dict[str, Any]] = forward_context_kwargs,
         is_capturing: Callable[[], bool] = stream_is_capturing,
+        after_send: Callable[[], None] = lambda: None,
     ) -> None:
         layers = tuple(wire.exchange_layers if exchange_layers is None else exchange_layers)
         if layers != wire.exchange_layers:
@@ -126,12 +136,16 @@ class StepDriver:
         self._layers = layers
         self._step_slot = step_slot
         self._is_capturing = is_capturing
+        self._after_send = after_send
         self._next_step_id = 0
         #: The step begun last (None before the first, and after a replay).
         self._active: AFDStepMetadata | None = None
         self._dummy_flags: StepFlags | None = None
-        #: Steps that exchanged every layer.
+        #: Stages of the active step that exchanged every layer.
+        self._stages_done = 0
+        #: Steps that exchanged every layer (in every stage), and of them those of two stages.
         self.completed_steps = 0
+        self.two_stage_steps = 0
 
     @contextmanager
     def dummy_flags(self, flags: StepFlags) -> Iterator[None]:
@@ -152,10 +166,29 @@ class StepDriver:
         exchange every layer (the FFN rank still waits for its remaining layers).
         """
         capturing = self._is_capturing()
-        metadata = self._announce(num_tokens, flags, capturing=capturing, replay=False)
+        metadata = self._announce((num_tokens,), flags, capturing=capturing, replay=False)
         self._step_slot()[METADATA_KEY] = metadata
         self._active = metadata
         return metadata
+
+    def begin_stages(
+        self, stage_tokens: Sequence[int], flags: StepFlags = SCHEDULED
+    ) -> tuple[AFDStepMetadata, ...]:
+        """Start the next step as ``len(stage_tokens)`` stages; return each stage's metadata.
+
+        Sends one control payload announcing every stage's token count. The caller
+        installs metadata ``s`` at ``additional_kwargs["afd_metadata"]`` of the forward
+        context stage ``s`` runs in. Eager steps only (a capturing stream raises
+        AFDProtocolError); the endpoint raises as :meth:`begin_step` says.
+        """
+        if self._is_capturing():
+            raise AFDProtocolError(
+                f"AFD attention rank {self._role_rank}: a step of {len(stage_tokens)} stages "
+                "began on a stream that captures a CUDA graph; two-stage steps run eagerly"
+            )
+        first = self._announce(tuple(stage_tokens), flags, capturing=False, replay=False)
+        self._active = first
+        return tuple(replace(first, stage_index=s) for s in range(first.num_stages))
 
     def graph_capture(self) -> AbstractContextManager[None]:
         """The connector's context for CUDA graph captures (``AttentionEndpoint.graph_capture``)."""
@@ -168,7 +201,7 @@ class StepDriver:
         its result is returned. The connector then bounds the replay
         (``AttentionEndpoint.watch_graph_replay``). Needs no forward context.
         """
-        metadata = self._announce(num_tokens, SCHEDULED, capturing=False, replay=True)
+        metadata = self._announce((num_tokens,), SCHEDULED, capturing=False, replay=True)
         self._active = None
         self.completed_steps += 1
         result = replay()
@@ -176,21 +209,26 @@ class StepDriver:
         return result
 
     def _announce(
-        self, num_tokens: int, flags: StepFlags, *, capturing: bool, replay: bool
+        self, stage_tokens: tuple[int, ...], flags: StepFlags, *, capturing: bool, replay: bool
     ) -> AFDStepMetadata:
-        """Number the next step and begin it on the endpoint (see :meth:`begin_step`)."""
+        """Number the next step and begin it on the endpoint (see :meth:`begin_step`);
+        returns the metadata of its stage 0."""
         step_id = self._next_step_id
-        metadata = AFDStepMetadata.single_stage(step_id, num_tokens)
+        metadata = AFDStepMetadata(step_id=step_id, padded_lens=stage_tokens)
         payload = ControlPayload(
             step_id=step_id,
             sender_rank=self._role_rank,
-            stages=(AFDDPMetadata(first_rank=self._role_rank, num_tokens=(num_tokens,)),),
+            stages=tuple(
+                AFDDPMetadata(first_rank=self._role_rank, num_tokens=(tokens,))
+                for tokens in stage_tokens
+            ),
             is_warmup=flags.is_warmup or (flags.is_graph_capturing and not capturing),
             is_graph_capturing=capturing,
             is_profile=flags.is_profile,
             is_graph_step=capturing or replay,
         )
         self._next_step_id += 1
+        self._stages_done = 0
         with afd_range(ATTENTION_BEGIN):
             self._connector.attention.begin_step(payload)
         return metadata
@@ -226,10 +264,14 @@ class StepDriver:
         endpoint = self._connector.attention
         with afd_range(ATTENTION_SEND, layer):
             endpoint.send(layer, stage, hidden.contiguous(), router_logits=logits, routing=routing)
+        self._after_send()
         with afd_range(ATTENTION_WAIT, layer):
             out = endpoint.recv(layer, stage)
         if layer == self._layers[-1]:  # the endpoint took every layer before it, in order
-            self.completed_steps += 1
+            self._stages_done += 1
+            if self._stages_done == metadata.num_stages:
+                self.completed_steps += 1
+                self.two_stage_steps += metadata.num_stages == 2
         return out
 
     def exchange_experts(self, hidden: Any, topk_weights: Any, topk_ids: Any, layer: int) -> Any:

@@ -42,12 +42,14 @@ class AttentionWorkerMixin:
         )
 
     def afd_stats(self) -> dict[str, Any]:
-        """``{"steps": completed steps, "endpoint": the attention endpoint's counters}``."""
+        """``{"steps": completed steps, "two_stage_steps": those of two stages,
+        "endpoint": the attention endpoint's counters}``."""
         session = self._afd_session
         if session is None:
             raise AFDError("AFD attention: not connected to the FFN role yet (model loading)")
         return {
             "steps": session.driver.completed_steps,
+            "two_stage_steps": session.driver.two_stage_steps,
             "endpoint": session.connector.attention.stats(),
         }
 

@@ -27,6 +27,12 @@ from afd_core.coercion import (
 from afd_core.connector import Connector
 from afd_core.errors import AFDConfigError, AFDInstallError
 from afd_core.specs import ConnectorSpec
+from afd_core.stages import (
+    DEFAULT_DECODE_TOKEN_THRESHOLD,
+    DEFAULT_PREFILL_TOKEN_THRESHOLD,
+    MIN_TOKEN_THRESHOLD,
+    StagePolicy,
+)
 from afd_core.topology import ROLES, ExchangePattern, Role, Topology
 
 #: Every key ``additional_config["afd"]`` accepts, in documentation order.
@@ -44,6 +50,9 @@ KEYS: tuple[str, ...] = (
     "role_rank",
     "ffn_cuda_graphs",
     "ffn_idle_limit_s",
+    "num_stages",
+    "stage_decode_token_threshold",
+    "stage_prefill_token_threshold",
 )
 
 #: Alternative spellings (alias -> key); an alias and its key must not both be set.
@@ -69,6 +78,9 @@ class AFDConfig:
     the CUDA graphs an FFN rank keeps, one per step shape (0: serve graph steps eagerly).
     ``ffn_idle_limit_s`` bounds how long an FFN rank whose attention ranks all left waits
     at a new rendezvous for their replacements (0: it ends instead).
+    ``num_stages`` is the number of micro-batch stages per step (1, or 2 so that one
+    stage's FFN round trip overlaps the other's attention); the attention role splits a
+    step only from the ``stage_*_token_threshold`` token counts (:attr:`stage_policy`).
     ``exchange`` is not a key: it is the connector's exchange pattern (its
     :class:`~afd_core.specs.ConnectorSpec`), which decides the topology and what each role
     builds (``"expert"``: routed experts split over the FFN ranks).
@@ -87,12 +99,23 @@ class AFDConfig:
     role_rank: int | None = None
     ffn_cuda_graphs: int = 128
     ffn_idle_limit_s: int = 600
+    num_stages: int = 1
+    stage_decode_token_threshold: int = DEFAULT_DECODE_TOKEN_THRESHOLD
+    stage_prefill_token_threshold: int = DEFAULT_PREFILL_TOKEN_THRESHOLD
     exchange: ExchangePattern = "block"
 
     @property
     def topology(self) -> Topology:
         """The rank map of this deployment."""
         return Topology(self.num_attention_ranks, self.num_ffn_ranks, self.exchange)
+
+    @property
+    def stage_policy(self) -> StagePolicy:
+        """When a step splits into two stages (with ``num_stages`` 2)."""
+        return StagePolicy(
+            decode_token_threshold=self.stage_decode_token_threshold,
+            prefill_token_threshold=self.stage_prefill_token_threshold,
+        )
 
     def shared_view(self) -> dict[str, Any]:
         """The settings both roles must agree on (compared at rendezvous)."""
@@ -102,6 +125,7 @@ class AFDConfig:
             "num_ffn_ranks": self.num_ffn_ranks,
             "async_dp": self.async_dp,
             "compute_gate_on_attention": self.compute_gate_on_attention,
+            "num_stages": self.num_stages,
             "connector_extra_config": dict(self.connector_extra_config),
         }
 
@@ -173,6 +197,9 @@ def parse_afd_config(
         role_rank=_parse_role_rank(values, role, topology),
         ffn_cuda_graphs=_parse_int(values, "ffn_cuda_graphs"),
         ffn_idle_limit_s=_parse_int(values, "ffn_idle_limit_s"),
+        num_stages=_parse_int(values, "num_stages"),
+        stage_decode_token_threshold=_parse_int(values, "stage_decode_token_threshold"),
+        stage_prefill_token_threshold=_parse_int(values, "stage_prefill_token_threshold"),
         connector_extra_config=MappingProxyType(_parse_extra_config(values, spec)),
         exchange=spec.exchange,
     )
@@ -207,6 +234,22 @@ _INT_RULES: Mapping[str, tuple[int, int | None, str]] = MappingProxyType(
             None,
             "give the seconds an FFN rank waits for new attention ranks after all of its own "
             "left (0: it ends)",
+        ),
+        "num_stages": (
+            1,
+            2,
+            "use 1 (one stage per step) or 2 (two micro-batch stages that overlap attention "
+            "and FFN)",
+        ),
+        "stage_decode_token_threshold": (
+            MIN_TOKEN_THRESHOLD,
+            None,
+            "give the fewest tokens a batch of decodes needs to run as two stages",
+        ),
+        "stage_prefill_token_threshold": (
+            MIN_TOKEN_THRESHOLD,
+            None,
+            "give the fewest tokens a batch with a prefill needs to run as two stages",
         ),
     }
 )

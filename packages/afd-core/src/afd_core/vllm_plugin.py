@@ -184,11 +184,15 @@ def afd_check_and_update_config(original: Callable[[Any], None], vllm_config: An
     (:func:`install_request_refusal`). Raises AFDConfigError for an invalid AFD config or
     worker_cls, AFDInstallError when the role's package is missing.
     """
-    was_auto = vllm_config.parallel_config.worker_cls == "auto"
+    parallel = vllm_config.parallel_config
+    was_auto = parallel.worker_cls == "auto"
+    # vLLM's CPU platform switches DBO off (with a warning) in its hook: read it first.
+    vllm_microbatches = parallel.num_ubatches if parallel.use_ubatching else 1
     original(vllm_config)
     config = afd_config_from_vllm(vllm_config)
     if config is None:
         return
+    refuse_vllm_microbatching(vllm_microbatches, config.num_stages)
     apply_afd_config(
         config,
         vllm_config,
@@ -202,6 +206,24 @@ def afd_check_and_update_config(original: Callable[[Any], None], vllm_config: An
         from vllm.platforms import current_platform
 
         install_request_refusal(type(current_platform))
+
+
+def refuse_vllm_microbatching(vllm_microbatches: int, num_stages: int) -> None:
+    """Raise AFDConfigError when vLLM's own micro-batching (``--enable-dbo``, or
+    ``--ubatch-size`` above 1) was asked of an AFD deployment.
+
+    vLLM's DBO needs data parallelism and an all-to-all backend AFD does not use, and its
+    per-micro-batch forward contexts lose the AFD step metadata; AFD runs its own stages
+    (``num_stages``), so the request is refused rather than dropped.
+    """
+    if vllm_microbatches <= 1:
+        return
+    raise AFDConfigError(
+        f"AFD config: vLLM's micro-batching (--enable-dbo or --ubatch-size, "
+        f"{vllm_microbatches} micro-batches) cannot run an AFD deployment (num_stages "
+        f"{num_stages}); remove --enable-dbo and --ubatch-size and set "
+        '"num_stages": 2 in the AFD config of both roles instead'
+    )
 
 
 def apply_afd_config(

@@ -208,6 +208,8 @@ class FFNServer:
                         self._serve_layer(step, layer, stage)
                         self.stats.layer_exchanges += 1
         self.stats.tokens += sum(sum(counts) for counts in step.tokens)
+        self.stats.stages += step.num_stages
+        self.stats.two_stage_steps += step.num_stages == 2
         self.stats.steps += 1
 
     def _serve_layer(self, step: FFNStep, layer: int, stage: int) -> None:

@@ -12,7 +12,9 @@ class FFNStats:
     ``steps``: control payloads (forwards of the attention ranks) completed;
     ``layer_exchanges``: (layer, stage) batches computed and sent back; ``tokens``: tokens
     of the completed steps, summed over the attention ranks and stages of each step (a
-    token counts once per step, not once per layer). CUDA graphs: ``graphs_captured``
+    token counts once per step, not once per layer); ``stages``: stages of the completed
+    steps (a step of two micro-batch stages counts 2), of which ``two_stage_steps`` had
+    two (``num_stages`` 2). CUDA graphs: ``graphs_captured``
     (capture steps; they move no data and are not counted as steps), ``graph_replays``
     and ``graph_steps_eager`` (graph steps served by replaying a captured graph, or
     eagerly because no graph of their shape is kept). ``rows``: rows computed over all
@@ -28,6 +30,8 @@ class FFNStats:
     steps: int = 0
     layer_exchanges: int = 0
     tokens: int = 0
+    stages: int = 0
+    two_stage_steps: int = 0
     rows: int = 0
     graphs_captured: int = 0
     graph_replays: int = 0

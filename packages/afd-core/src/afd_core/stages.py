@@ -1,0 +1,147 @@
+"""The stage planner: how one step's batch splits into two micro-batch stages.
+
+With two stages per step (``"num_stages": 2``), the attention role runs the first part of
+a batch while the FFN role computes the other part's layer, and the other way round. The
+planner decides where to cut; it is pure (no torch, no vLLM) and so are its rules:
+
+* :func:`plan_request_split` cuts at a request boundary: of the boundaries between two
+  requests, the one whose token split is nearest half the step's tokens; on a tie the one
+  nearest half the requests; on a further tie the earlier one. No split (one stage) with
+  fewer than two requests or fewer tokens than the policy's threshold.
+* :func:`plan_token_split` cuts at ``ceil(T/2)`` tokens, through a request if need be (for
+  deployments whose stages must have even sizes, such as attention tensor parallelism with
+  a 1/T share per rank). No split below the threshold.
+
+The thresholds (:class:`StagePolicy`) follow vLLM's DBO settings and their defaults
+(``dbo_decode_token_threshold`` 32, ``dbo_prefill_token_threshold`` 512): a batch of
+decodes only splits from the decode threshold, a batch with a prefill from the prefill
+threshold. Below them one stage runs: the saved overlap would not pay for the second
+stage's per-layer messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+#: vLLM's default ``dbo_decode_token_threshold``.
+DEFAULT_DECODE_TOKEN_THRESHOLD = 32
+#: vLLM's default ``dbo_prefill_token_threshold``.
+DEFAULT_PREFILL_TOKEN_THRESHOLD = 512
+#: The fewest tokens a split batch can have: one per stage.
+MIN_TOKEN_THRESHOLD = 2
+
+
+@dataclass(frozen=True)
+class StagePolicy:
+    """When a step splits: at least ``decode_token_threshold`` tokens for a batch of
+    decodes only, at least ``prefill_token_threshold`` for a batch with a prefill.
+
+    Both must be at least :data:`MIN_TOKEN_THRESHOLD` (ValueError otherwise).
+    """
+
+    decode_token_threshold: int = DEFAULT_DECODE_TOKEN_THRESHOLD
+    prefill_token_threshold: int = DEFAULT_PREFILL_TOKEN_THRESHOLD
+
+    def __post_init__(self) -> None:
+        for name in ("decode_token_threshold", "prefill_token_threshold"):
+            value = getattr(self, name)
+            if value < MIN_TOKEN_THRESHOLD:
+                raise ValueError(
+                    f"StagePolicy.{name} must be at least {MIN_TOKEN_THRESHOLD} (one token per "
+                    f"stage), got {value}"
+                )
+
+    def threshold(self, *, decode_only: bool) -> int:
+        """The fewest tokens a batch (of decodes only, or not) needs to split."""
+        return self.decode_token_threshold if decode_only else self.prefill_token_threshold
+
+
+@dataclass(frozen=True)
+class StageSlice:
+    """The part of a step's batch that one stage runs.
+
+    Requests ``request_start .. request_stop - 1`` (batch order) and the step's tokens
+    ``token_start .. token_stop - 1``; with a token split a request may be in both stages.
+    """
+
+    request_start: int
+    request_stop: int
+    token_start: int
+    token_stop: int
+
+    @property
+    def num_requests(self) -> int:
+        """Requests (or parts of requests) in the stage."""
+        return self.request_stop - self.request_start
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens in the stage."""
+        return self.token_stop - self.token_start
+
+
+def _check_tokens(tokens_per_request: Sequence[int]) -> int:
+    """The step's token count; ValueError for a request without tokens."""
+    for i, tokens in enumerate(tokens_per_request):
+        if tokens < 1:
+            raise ValueError(
+                f"stage planner: request {i} schedules {tokens} tokens; every scheduled "
+                "request has at least one"
+            )
+    return sum(tokens_per_request)
+
+
+def _one_stage(num_requests: int, num_tokens: int) -> tuple[StageSlice, ...]:
+    return (StageSlice(0, num_requests, 0, num_tokens),)
+
+
+def plan_request_split(
+    tokens_per_request: Sequence[int], policy: StagePolicy, *, decode_only: bool
+) -> tuple[StageSlice, ...]:
+    """The stages of a step whose requests schedule ``tokens_per_request`` tokens each.
+
+    Returns one stage (the whole batch) or two that cut at a request boundary (see the
+    module docstring). ``decode_only``: the batch holds decodes only (picks the threshold).
+    Raises ValueError for a request with fewer than one token.
+    """
+    total = _check_tokens(tokens_per_request)
+    n = len(tokens_per_request)
+    if n < 2 or total < policy.threshold(decode_only=decode_only):
+        return _one_stage(n, total)
+    best: tuple[int, int, int] | None = None  # (token distance, request distance, boundary)
+    prefix = 0
+    for k in range(1, n):
+        prefix += tokens_per_request[k - 1]
+        # Distances doubled, so that half of an odd count stays an integer.
+        candidate = (abs(2 * prefix - total), abs(2 * k - n), k)
+        if best is None or candidate < best:
+            best = candidate
+    assert best is not None  # n >= 2: at least one boundary
+    k = best[2]
+    cut = sum(tokens_per_request[:k])
+    return (StageSlice(0, k, 0, cut), StageSlice(k, n, cut, total))
+
+
+def plan_token_split(
+    tokens_per_request: Sequence[int], policy: StagePolicy, *, decode_only: bool
+) -> tuple[StageSlice, ...]:
+    """The stages of a step cut at ``ceil(T/2)`` of its ``T`` tokens.
+
+    Returns one stage below the policy's threshold, else two; the request holding token
+    ``ceil(T/2) - 1`` and token ``ceil(T/2)`` (if they are one) is in both stages. Raises
+    ValueError for a request with fewer than one token.
+    """
+    total = _check_tokens(tokens_per_request)
+    n = len(tokens_per_request)
+    if total < policy.threshold(decode_only=decode_only):
+        return _one_stage(n, total)
+    cut = -(-total // 2)
+    prefix, k = 0, 0
+    while prefix + tokens_per_request[k] <= cut:  # requests wholly before the cut
+        prefix += tokens_per_request[k]
+        k += 1
+        if prefix == cut:
+            return (StageSlice(0, k, 0, cut), StageSlice(k, n, cut, total))
+    # Request k holds tokens prefix .. prefix + tokens[k] - 1, across the cut.
+    return (StageSlice(0, k + 1, 0, cut), StageSlice(k, n, cut, total))
