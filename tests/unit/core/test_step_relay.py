@@ -15,17 +15,18 @@ import time
 from typing import Any
 
 import pytest
-import torch
 
-from afd_core.config import AFDConfig
-from afd_core.errors import AFDPeerError
-from afd_core.failures import Fuse, PeerFailures
-from afd_core.metadata import AFDDPMetadata, ControlPayload
-from afd_core.runtime.control.relay import FollowingRelay
-from afd_core.runtime.links import AttentionLink, BlockLinks
-from afd_core.runtime.world import World
-from afd_core.wire import encode_step_message
-from tests.unit.core.loopback import Fabric, LoopbackTransport
+torch = pytest.importorskip("torch")
+
+from afd_core.config import AFDConfig  # noqa: E402
+from afd_core.errors import AFDPeerError  # noqa: E402
+from afd_core.failures import Fuse, PeerFailures  # noqa: E402
+from afd_core.metadata import AFDDPMetadata, ControlPayload  # noqa: E402
+from afd_core.runtime.control.relay import FollowingRelay  # noqa: E402
+from afd_core.runtime.links import AttentionLink, BlockLinks  # noqa: E402
+from afd_core.runtime.world import World  # noqa: E402
+from afd_core.wire import encode_step_message  # noqa: E402
+from tests.unit.core.loopback import Fabric, LoopbackTransport  # noqa: E402
 
 TIMEOUT_S = 1.0
 NUM_ATTENTION = 2
