@@ -14,7 +14,8 @@ then stops before the next one starts (pytest groups the tests by deployment):
   with 1,000 requests).
 
 Coverage in CI: both tiny models, both gate placements, both start orders, 1A1F and 2A1F
-(two attention servers, one FFN rank serving both, requests in flight on both at once).
+(two attention servers, one FFN rank serving both, requests in flight on both at once),
+and two stages per step (``num_stages`` 2) on 1A1F Qwen3-MoE and 2A1F DeepSeek-V2.
 The other model, gate and order combinations carry the ``extended`` mark: ``nox -s
 e2e_extended`` runs them.
 
