@@ -14,7 +14,8 @@ then stops before the next one starts (pytest groups the tests by deployment):
   with 1,000 requests).
 
 Coverage in CI: both tiny models, both gate placements, both start orders, 1A1F and 2A1F
-(two attention servers, one FFN rank serving both, requests in flight on both at once).
+(two attention servers, one FFN rank serving both, requests in flight on both at once),
+and two stages per step (``num_stages`` 2) on 1A1F Qwen3-MoE and 2A1F DeepSeek-V2.
 The other model, gate and order combinations carry the ``extended`` mark: ``nox -s
 e2e_extended`` runs them.
 
@@ -68,6 +69,8 @@ MAX_TOKENS = min(12, MEASURED_TOKENS)
 #: greedy tokens and moves a top-1/top-2 gap by 22-25 nats on average (the generator's
 #: summary line), far outside this tolerance.
 LOGPROB_ATOL = 1e-3
+#: Stage thresholds of the two-stage cases: any batch of two or more requests splits.
+STAGE_TOKEN_THRESHOLD = 2
 
 
 @dataclass(frozen=True)
@@ -79,12 +82,17 @@ class Case:
     gate_on_attention: bool
     ffn_first: bool
     connector: str = DEFAULT_CONNECTOR
+    #: 2: two stages per step, with thresholds low enough that the prompt batch splits.
+    num_stages: int = 1
 
     @property
     def id(self) -> str:
         gate = "gate-attn" if self.gate_on_attention else "gate-ffn"
         order = "ffn-first" if self.ffn_first else "attn-first"
-        return f"{self.connector}-{self.model}-{self.num_attention_ranks}A1F-{gate}-{order}"
+        layout = f"{self.num_attention_ranks}A1F"
+        if self.num_stages > 1:
+            layout += f"-{self.num_stages}stages"
+        return f"{self.connector}-{self.model}-{layout}-{gate}-{order}"
 
     def spec(self, model_dir: Path) -> DeploymentSpec:
         """The deployment of this case for the checkpoint in ``model_dir``."""
@@ -96,6 +104,9 @@ class Case:
             compute_gate_on_attention=self.gate_on_attention,
             ffn_first=self.ffn_first,
             stagger_s=3.0,
+            num_stages=self.num_stages,
+            stage_decode_token_threshold=STAGE_TOKEN_THRESHOLD if self.num_stages > 1 else None,
+            stage_prefill_token_threshold=STAGE_TOKEN_THRESHOLD if self.num_stages > 1 else None,
         )
 
 
@@ -124,6 +135,9 @@ DEPLOYMENTS = [
     Case("tiny-deepseek-v2", 1, gate_on_attention=False, ffn_first=True, connector=CAM_P2P),
     Case("tiny-qwen3-moe", 2, gate_on_attention=False, ffn_first=True, connector=CAM_P2P),
     Case("tiny-deepseek-v2", 2, gate_on_attention=False, ffn_first=False, connector=CAM_P2P),
+    # Two stages per step: the prompt batch's steps split (asserted from the FFN's counters).
+    Case("tiny-qwen3-moe", 1, gate_on_attention=False, ffn_first=True, num_stages=2),
+    Case("tiny-deepseek-v2", 2, gate_on_attention=True, ffn_first=False, num_stages=2),
 ]
 
 
@@ -208,6 +222,11 @@ def test_afd_serves_the_same_tokens_as_monolithic_vllm(
     assert exchanges >= num_layers * MAX_TOKENS
     assert exchanges % num_layers == 0
     assert tokens >= case.num_attention_ranks * len(PROMPTS) * MAX_TOKENS
+    two_stage_steps = after["two_stage_steps"] - before["two_stage_steps"]
+    if case.num_stages == 1:
+        assert two_stage_steps == 0
+    else:
+        assert two_stage_steps > 0
 
 
 def _num_layers(model: Path) -> int:

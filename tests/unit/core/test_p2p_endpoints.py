@@ -116,6 +116,23 @@ def test_stages_of_one_step_may_interleave(data_plane, message_form):
         close_all([attn], [ffn])
 
 
+def test_the_ffn_rank_forms_steps_of_ranks_that_run_the_same_number_of_stages():
+    # Each attention rank decides per step whether its batch splits: a rank of one stage
+    # waits for the next step rather than break the step of a rank of two.
+    wire = WireSpec(hidden_size=4, dtype="float32", num_exchange_layers=1)
+    attention, (ffn,) = loopback_connectors(2, 1, wire)
+    try:
+        attention[0].attention.begin_step(payload(0, 0, 2, 3))
+        attention[1].attention.begin_step(payload(1, 0, 4))
+        wait_until_ready(ffn, (0, 1))
+        two_stages = ffn.ffn.next_step()
+        assert two_stages.attention_ranks == (0,) and two_stages.num_stages == 2
+        one_stage = ffn.ffn.next_step()
+        assert one_stage.attention_ranks == (1,) and one_stage.num_stages == 1
+    finally:
+        close_all(attention, [ffn])
+
+
 def test_ranks_of_one_step_may_send_frames_and_header_messages_side_by_side(monkeypatch):
     # hidden 4 x float32: a frame of 2 rows is 96 bytes, of 3 rows 112: only 2 rows fit
     monkeypatch.setattr(frames, "FRAME_LIMIT_BYTES", 100)

@@ -37,8 +37,9 @@ def afd_validate(config: AFDConfig, vllm_config: Any) -> None:
     """Reject attention deployments the workers cannot run (before any worker starts)."""
     if config.role == "attention":
         check_parallel_layout(config, vllm_config.parallel_config)
-        check_num_stages(config)
-        if current_platform_name() == "cuda":
+        platform = current_platform_name()
+        check_num_stages(config, platform, vllm_config.parallel_config.data_parallel_size)
+        if platform == "cuda":
             check_cuda_graphs(
                 get_registry().connector(config.connector),
                 vllm_config.compilation_config.cudagraph_mode,
@@ -46,17 +47,28 @@ def afd_validate(config: AFDConfig, vllm_config: Any) -> None:
             )
 
 
-def check_num_stages(config: AFDConfig) -> None:
+def check_num_stages(config: AFDConfig, platform: str, data_parallel_size: int = 1) -> None:
     """Raise AFDConfigError for a number of stages the attention workers cannot run.
 
-    Two stages per step are not built into the attention runners yet: a deployment that
-    asks for them is refused rather than run with one stage.
+    Two stages per step run on the CPU worker's runner (vLLM's V1 ``CPUModelRunner``),
+    without data parallelism (a stage's forward context carries no data-parallel token
+    counts). The CUDA runners run one stage per step (Model Runner V2 does not split steps;
+    the V1 runner's two-stage path has not been run on CUDA, nor inside CUDA graphs).
     """
-    if config.num_stages != 1:
+    if config.num_stages == 1:
+        return
+    if platform != "cpu":
         raise AFDConfigError(
-            f"AFD config: num_stages {config.num_stages} is not supported by this "
-            'afd-attention yet (its runners run one stage per step); set "num_stages": 1 '
-            "on both roles"
+            f"AFD config: num_stages {config.num_stages} is not supported on {platform} yet: "
+            "the attention role's CUDA runners (AFDAttentionCUDAModelRunner on Model Runner "
+            "V2, AFDAttentionCUDAModelRunnerV1) run one stage per step; set "
+            '"num_stages": 1 on both roles'
+        )
+    if data_parallel_size > 1:
+        raise AFDConfigError(
+            f"AFD config: num_stages {config.num_stages} with data_parallel_size "
+            f"{data_parallel_size} is not supported by the AFD attention role yet; run each "
+            'attention rank as its own server (role_rank), or set "num_stages": 1 on both roles'
         )
 
 

@@ -9,6 +9,14 @@ subclass such as ``CPUModelRunner``). It gives every forward of the runner an AF
   capture) calls the model directly, so it only labels the forward: the exchange op
   begins the step lazily at the first layer, with these flags.
 
+Two stages per step (``"num_stages": 2``, the V1 mixin only): for a scheduled batch,
+``_build_attention_metadata`` asks :class:`~afd_attention.two_stages.TwoStageForward`
+where the batch splits and, when it does, builds each stage's attention metadata through
+vLLM's per-micro-batch path (``ubatch_slices``, one metadata builder per stage); then
+``_model_forward`` announces both stages (:meth:`StepDriver.begin_stages`), runs the model
+on each stage's tokens in that stage's forward context, the stages taking turns at every
+exchange, and joins the stages' hidden states in batch order before vLLM samples.
+
 Mix :class:`AttentionRunnerV2Mixin` in front of Model Runner V2
 (``vllm.v1.worker.gpu.model_runner.GPUModelRunner``, vLLM's CUDA default). That runner
 opens the forward context inside ``execute_model`` right before the model runs, so no
@@ -28,11 +36,15 @@ The worker assigns ``afd_driver`` once the connector is up.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from contextlib import nullcontext
 from typing import Any
 
-from afd_attention.step_driver import SCHEDULED, StepDriver, StepFlags
+from afd_attention.stage_scheduler import NUM_STAGES
+from afd_attention.step_driver import METADATA_KEY, SCHEDULED, StepDriver, StepFlags
+from afd_attention.two_stages import TwoStageForward
 from afd_core.errors import AFDError
+from afd_core.stages import StageSlice
 
 #: Forwards of a CUDA graph capture.
 CAPTURE = StepFlags(is_graph_capturing=True)
@@ -43,6 +55,8 @@ PROFILE = StepFlags(is_profile=True)
 class _DriverHolder:
     #: Set by the attention worker after the model is loaded and the connector is up.
     afd_driver: StepDriver | None = None
+    #: Set with the driver when steps run two stages (``"num_stages": 2``).
+    afd_stages: TwoStageForward | None = None
 
     def _afd_require_driver(self) -> StepDriver:
         driver = self.afd_driver
@@ -57,6 +71,15 @@ class _DriverHolder:
 
 class AttentionRunnerMixin(_DriverHolder):
     """Begins an AFD step for every forward of a vLLM V1 model runner."""
+
+    #: The stages :meth:`_build_attention_metadata` planned for the next forward.
+    _afd_stage_plan: tuple[StageSlice, ...] | None = None
+
+    def _afd_require_stages(self) -> TwoStageForward:
+        stages = self.afd_stages
+        if stages is None:
+            raise AFDError("AFD attention runner: a two-stage step without the stage threads")
+        return stages
 
     def _model_forward(
         self,
@@ -84,10 +107,134 @@ class AttentionRunnerMixin(_DriverHolder):
                 **model_kwargs,
             )
 
+        plan, self._afd_stage_plan = self._afd_stage_plan, None
         if self._afd_replays_full_graph():
             return driver.replay_step(tokens.shape[0], forward)
+        if plan is not None:
+            if intermediate_tensors is not None or model_kwargs:
+                raise AFDError(
+                    "AFD attention runner: a two-stage step got model inputs it cannot split "
+                    f"({sorted(model_kwargs)}, intermediate tensors: "
+                    f'{intermediate_tensors is not None}); set "num_stages": 1 on both roles'
+                )
+            return self._afd_run_stages(
+                driver, plan, tokens.shape[0], input_ids, positions, inputs_embeds
+            )
         driver.begin_step(tokens.shape[0], SCHEDULED)
         return forward()
+
+    def _afd_run_stages(
+        self,
+        driver: StepDriver,
+        plan: tuple[StageSlice, ...],
+        num_tokens: int,
+        input_ids: Any,
+        positions: Any,
+        inputs_embeds: Any,
+    ) -> Any:
+        """Run the model once per stage of ``plan`` (taking turns), return the joined output.
+
+        Called inside the forward context vLLM set for the whole batch, whose attention
+        metadata is the list of the stages' (:meth:`_build_attention_metadata`). The last
+        stage also takes the batch's padding tokens (``num_tokens`` past the plan's).
+        """
+        import torch
+        from vllm.forward_context import create_forward_context, get_forward_context
+
+        stages = self._afd_require_stages()
+        outer = get_forward_context()
+        bounds = [(s.token_start, s.token_stop) for s in plan]
+        bounds[-1] = (bounds[-1][0], num_tokens)
+        token_slices = [slice(start, stop) for start, stop in bounds]
+        metadata = driver.begin_stages([stop - start for start, stop in bounds])
+        contexts = [
+            create_forward_context(
+                outer.attn_metadata[s],
+                self.vllm_config,  # type: ignore[attr-defined]
+                cudagraph_runtime_mode=outer.cudagraph_runtime_mode,
+                slot_mapping={name: m[part] for name, m in outer.slot_mapping.items()},
+                additional_kwargs={**outer.additional_kwargs, METADATA_KEY: metadata[s]},
+                skip_compiled=outer.skip_compiled,
+                is_padding=None if outer.is_padding is None else outer.is_padding[part],
+            )
+            for s, part in enumerate(token_slices)
+        ]
+        model_forward = super()._model_forward  # type: ignore[misc]
+
+        def stage_forward(part: slice) -> Callable[[], Any]:
+            return lambda: model_forward(
+                input_ids=None if input_ids is None else input_ids[part],
+                positions=None if positions is None else positions[..., part],
+                intermediate_tensors=None,
+                inputs_embeds=None if inputs_embeds is None else inputs_embeds[part],
+            )
+
+        outputs = stages.run(contexts, [stage_forward(part) for part in token_slices])
+        if not all(isinstance(out, torch.Tensor) for out in outputs):
+            raise AFDError(
+                "AFD attention runner: the model returned more than hidden states (auxiliary "
+                "outputs for speculative decoding?); two-stage steps join hidden states only; "
+                'set "num_stages": 1 on both roles'
+            )
+        return torch.cat(outputs)
+
+    def _build_attention_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's attention metadata, one dict per stage for a scheduled batch that splits.
+
+        A scheduled batch (vLLM passes its ``num_scheduled_tokens``) is planned with
+        :meth:`TwoStageForward.plan`; when it splits, vLLM's per-micro-batch path builds
+        the stages' metadata (``ubatch_slices``) and :meth:`_model_forward` runs the
+        stages. Dummy runs and graph captures keep one stage.
+        """
+        build = super()._build_attention_metadata  # type: ignore[misc]
+        self._afd_stage_plan = None
+        stages = self.afd_stages
+        if stages is None:
+            return build(*args, **kwargs)
+        bound = inspect.signature(build).bind(*args, **kwargs)
+        bound.apply_defaults()
+        arguments = bound.arguments
+        scheduled = arguments.get("num_scheduled_tokens")
+        if scheduled is None or arguments["ubatch_slices"] is not None:
+            return build(*args, **kwargs)
+        if arguments["for_cudagraph_capture"]:
+            return build(*args, **kwargs)
+        requests = self.input_batch.req_ids  # type: ignore[attr-defined]
+        plan = stages.plan([scheduled[r] for r in requests])
+        if len(plan) == 1:
+            return build(*args, **kwargs)
+        from vllm.v1.worker.ubatch_utils import UBatchSlice
+
+        arguments["ubatch_slices"] = [
+            UBatchSlice(slice(s.request_start, s.request_stop), slice(s.token_start, s.token_stop))
+            for s in plan
+        ]
+        result = build(*bound.args, **bound.kwargs)
+        self._afd_stage_plan = plan
+        return result
+
+    def initialize_metadata_builders(
+        self, kv_cache_config: Any, kernel_block_sizes: list[int]
+    ) -> None:
+        """vLLM's metadata builders, with one builder per stage when steps run two stages.
+
+        vLLM makes one builder per attention group unless its own micro-batching is on;
+        each stage's metadata is built by its own builder (a builder may keep per-batch
+        buffers, such as the kernel block table).
+        """
+        super().initialize_metadata_builders(kv_cache_config, kernel_block_sizes)  # type: ignore[misc]
+        if self.afd_stages is None:
+            return
+        for group_id, groups in enumerate(self.attn_groups):  # type: ignore[attr-defined]
+            for attn_group in groups:
+                if len(attn_group.metadata_builders) >= NUM_STAGES:
+                    continue
+                attn_group.create_metadata_builders(
+                    self.vllm_config,  # type: ignore[attr-defined]
+                    self.device,  # type: ignore[attr-defined]
+                    kernel_block_sizes[group_id] if group_id < len(kernel_block_sizes) else None,
+                    num_metadata_builders=NUM_STAGES,
+                )
 
     def _afd_replays_full_graph(self) -> bool:
         """True when vLLM's forward context asks the model for a FULL graph replay."""

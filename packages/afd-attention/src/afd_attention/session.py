@@ -14,6 +14,7 @@ import logging
 from typing import Any
 
 from afd_attention.step_driver import StepDriver
+from afd_attention.two_stages import TwoStageForward
 from afd_core.connector import Connector
 from afd_core.errors import AFDPeerError
 from afd_core.workers.process_exit import exit_worker_process
@@ -22,13 +23,19 @@ from afd_core.workers.setup import role_worker_setup
 # A child of vLLM's logger, so vLLM's logging config (handler, level, format) applies.
 logger = logging.getLogger(f"vllm.{__name__}")
 
+#: The stage threads wait this many AFD timeouts (``afd_process_group_timeout_s``).
+STAGE_TIMEOUT_FACTOR = 2
+
 
 class AttentionSession:
     """The connector and step driver of one attention worker, installed in the model."""
 
-    def __init__(self, connector: Connector, driver: StepDriver) -> None:
+    def __init__(
+        self, connector: Connector, driver: StepDriver, stages: TwoStageForward | None = None
+    ) -> None:
         self.connector = connector
         self.driver = driver
+        self.stages = stages
 
     @classmethod
     def open(cls, vllm_config: Any, runner: Any, tp_rank: int) -> AttentionSession:
@@ -56,15 +63,27 @@ class AttentionSession:
             config.connector,
             config.afd_process_group_timeout_s,
         )
+        stages = None
+        if config.num_stages == 2:
+            # Longer than the connector's own waits: its error comes first.
+            timeout_s = STAGE_TIMEOUT_FACTOR * config.afd_process_group_timeout_s
+            stages = TwoStageForward(config.stage_policy, timeout_s=timeout_s)
         try:
             connector.initialize()
             driver = StepDriver(
-                connector, wire, role_rank, exchange_layers=model.afd_exchange_layers()
+                connector,
+                wire,
+                role_rank,
+                exchange_layers=model.afd_exchange_layers(),
+                after_send=(lambda: None) if stages is None else stages.checkpoint,
             )
         except BaseException:
             connector.close()
+            if stages is not None:
+                stages.close()
             raise
         runner.afd_driver = driver
+        runner.afd_stages = stages
         set_exchanger(driver)
         logger.info(
             "AFD attention rank %d: connected; %d exchange layers per step, hidden %d %s",
@@ -73,15 +92,18 @@ class AttentionSession:
             wire.hidden_size,
             wire.dtype,
         )
-        return cls(connector, driver)
+        return cls(connector, driver, stages)
 
     def close(self) -> None:
-        """Stop routing exchanges here and close the connector (idempotent)."""
+        """Stop routing exchanges here, close the connector (waking any blocked exchange),
+        then stop the stage threads, if any (idempotent)."""
         from afd_models.exchange_op import set_exchanger
 
         set_exchanger(None)
         self.connector.on_peer_lost = None
         self.connector.close()
+        if self.stages is not None:
+            self.stages.close()
 
 
 def _end_worker(error: AFDPeerError) -> None:

@@ -43,8 +43,9 @@ class DeploymentSpec:
     vLLM command line and ``extra_env`` into every server's environment (last, so it wins;
     e.g. ``VLLM_USE_V2_MODEL_RUNNER``); ``role_env[role]`` goes on top of it for the
     servers of that role only (e.g. ``CUDA_VISIBLE_DEVICES`` to put each role on its own
-    GPU). ``afd_process_group_timeout_s`` and ``connector_extra_config``: the AFD config
-    keys of those names (None / empty: their defaults). ``rendezvous_secret`` goes into
+    GPU). ``num_stages``, ``stage_decode_token_threshold``, ``stage_prefill_token_threshold``,
+    ``afd_process_group_timeout_s`` and ``connector_extra_config``: the AFD config keys of
+    those names, on every server (None / empty: their defaults). ``rendezvous_secret`` goes into
     every server's environment as ``AFD_RENDEZVOUS_SECRET`` (:mod:`afd_core.runtime.store_gate`):
     by default a new random one per spec, so no process outside the deployment can use
     its rendezvous store; ``""`` launches without one. It is left out of the repr.
@@ -66,6 +67,9 @@ class DeploymentSpec:
     extra_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     role_env: Mapping[Role, Mapping[str, str]] = field(default_factory=lambda: MappingProxyType({}))
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
+    num_stages: int = 1
+    stage_decode_token_threshold: int | None = None
+    stage_prefill_token_threshold: int | None = None
     afd_process_group_timeout_s: int | None = None
     connector_extra_config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     rendezvous_secret: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
@@ -81,9 +85,14 @@ class DeploymentSpec:
             "num_ffn_ranks": self.num_ffn_ranks,
             "role_rank": role_rank,
             "compute_gate_on_attention": self.compute_gate_on_attention,
+            "num_stages": self.num_stages,
         }
-        if self.afd_process_group_timeout_s is not None:
-            settings["afd_process_group_timeout_s"] = self.afd_process_group_timeout_s
+        optional = {
+            "stage_decode_token_threshold": self.stage_decode_token_threshold,
+            "stage_prefill_token_threshold": self.stage_prefill_token_threshold,
+            "afd_process_group_timeout_s": self.afd_process_group_timeout_s,
+        }
+        settings.update({key: value for key, value in optional.items() if value is not None})
         if self.connector_extra_config:
             settings["connector_extra_config"] = dict(self.connector_extra_config)
         return settings

@@ -209,19 +209,22 @@ class ControlInbox:
         """The first payload of every rank with one queued, all of one kind.
 
         A step is either a CUDA graph step (header-less data messages, see
-        ``ControlPayload.is_graph_step``) or an eager one: the kind of the first ready
-        rank in sender order decides, ranks whose next payload is of the other kind wait
-        for the next step. Ranks whose link is lost take no part. Call with ``_cond`` held.
+        ``ControlPayload.is_graph_step``) or an eager one, and all its ranks run the same
+        number of stages (each attention rank decides per step whether its batch splits):
+        the kind of the first ready rank in sender order decides, ranks whose next payload
+        is of another kind wait for the next step. Ranks whose link is lost take no part.
+        Call with ``_cond`` held.
         """
-        kind: bool | None = None
+        kind: tuple[bool, int] | None = None
         ready: dict[int, ControlPayload] = {}
         for rank, queue in self._queues.items():
             receiver = self._receivers.get(rank)
             if not queue or receiver is None or receiver.link.lost is not None:
                 continue
+            head = (queue[0].is_graph_step, len(queue[0].stages))
             if kind is None:
-                kind = queue[0].is_graph_step
-            if queue[0].is_graph_step == kind:
+                kind = head
+            if head == kind:
                 ready[rank] = queue.popleft()
         return ready
 

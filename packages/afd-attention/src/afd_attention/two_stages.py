@@ -1,0 +1,86 @@
+"""A step's forward as two stages on the attention role: :class:`TwoStageForward`.
+
+With ``"num_stages": 2`` the attention runner asks :meth:`TwoStageForward.plan` where a
+scheduled batch splits (:func:`afd_core.stages.plan_request_split` under the config's
+:class:`~afd_core.stages.StagePolicy`). A batch that splits runs the model once per stage,
+each on its part of the batch, through :meth:`TwoStageForward.run`: the stages take turns
+on the two threads of a :class:`~afd_attention.stage_scheduler.StageScheduler`, and the
+thread that holds the turn runs in its stage's vLLM forward context (its attention
+metadata, slot mapping and ``afd_metadata``). The step driver's ``after_send`` is
+:attr:`TwoStageForward.checkpoint`, so a stage hands over after every layer's send.
+
+What each stage thread needs from the worker thread is set up here once: torch's
+inference mode and intra-op thread count are per thread, so every stage runs in
+inference mode with the caller's thread count. Torch and vLLM are imported lazily.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from afd_attention.stage_scheduler import StageScheduler
+from afd_core.stages import StagePolicy, StageSlice, plan_request_split
+
+
+class TwoStageForward:
+    """Plans and runs the two stages of an attention rank's steps.
+
+    ``timeout_s`` bounds every wait of the stage threads (it should exceed the
+    connector's own waits, so that a connector failure surfaces with its own error).
+    """
+
+    def __init__(self, policy: StagePolicy, *, timeout_s: float) -> None:
+        self.policy = policy
+        self._contexts: tuple[Any, ...] = ()
+        self._scheduler = StageScheduler(timeout_s=timeout_s, turn_context=self._turn_context)
+
+    @property
+    def checkpoint(self) -> Callable[[], None]:
+        """The hand-over between the stages: the step driver's ``after_send``."""
+        return self._scheduler.checkpoint
+
+    def plan(self, tokens_per_request: Sequence[int]) -> tuple[StageSlice, ...]:
+        """The stages of a scheduled batch whose requests schedule these token counts.
+
+        One stage (the whole batch) or two cut at a request boundary; a batch whose
+        requests all schedule one token is a batch of decodes (the decode threshold).
+        """
+        decode_only = max(tokens_per_request, default=1) <= 1
+        return plan_request_split(tokens_per_request, self.policy, decode_only=decode_only)
+
+    def run(self, contexts: Sequence[Any], forwards: Sequence[Callable[[], Any]]) -> list[Any]:
+        """Run ``forwards[s]()`` in vLLM forward context ``contexts[s]``, taking turns.
+
+        Returns the stages' results in stage order. Raises what a stage raised (the
+        other stage is unwound), AFDError when the step stalls or the worker shuts down
+        (:meth:`StageScheduler.run_step`).
+        """
+        import torch
+
+        num_threads = torch.get_num_threads()
+
+        def in_stage_thread(forward: Callable[[], Any]) -> Callable[[], Any]:
+            def run_stage() -> Any:
+                if torch.get_num_threads() != num_threads:
+                    torch.set_num_threads(num_threads)
+                with torch.inference_mode():
+                    return forward()
+
+            return run_stage
+
+        self._contexts = tuple(contexts)
+        try:
+            return self._scheduler.run_step([in_stage_thread(f) for f in forwards])
+        finally:
+            self._contexts = ()
+
+    def close(self) -> None:
+        """Stop the stage threads (bounded; idempotent)."""
+        self._scheduler.close()
+
+    def _turn_context(self, stage: int) -> AbstractContextManager[None]:
+        from vllm.forward_context import override_forward_context
+
+        return override_forward_context(self._contexts[stage])
