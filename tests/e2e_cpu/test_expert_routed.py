@@ -3,10 +3,9 @@
 Each case starts one or two attention servers and two FFN servers (each FFN rank its own
 server with ``role_rank``) over ``DeepEPM2NAFDConnector`` (gloo on CPU), sends the prompt
 batch to every attention server at once, and compares with a plain vLLM server of the
-same tiny model: greedy tokens identical, top-5 logprobs within the suite's bf16
-tolerance (each FFN rank rounds its partial sum to bf16 before the attention rank adds
-them: about one ulp of a logit; with one FFN rank the results are bit-identical, see
-test_models_offline.py). The servers' counters then show that each FFN rank holds only
+same tiny model: greedy tokens identical, top-5 logprobs within :data:`EXPERT_ROUTED_RTOL`
+(each FFN rank rounds its partial sum to bf16 before the attention rank adds
+them; with one FFN rank the results are bit-identical, see test_models_offline.py). The servers' counters then show that each FFN rank holds only
 its block of experts and received exactly the rows the attention ranks routed to it, all
 of them tokens with one of its experts.
 
@@ -36,6 +35,15 @@ pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
 
 CONNECTOR = "DeepEPM2NAFDConnector"
+#: Relative logprob tolerance of the expert-routed cases: twice the suite's (four bf16
+#: ulps instead of two). vLLM's MoE kernel returns bf16, so each of the N FFN ranks rounds
+#: its partial sum before the attention rank adds them: N roundings of the MoE output
+#: where monolithic vLLM has one. The tiny models' FFN output is most of the hidden state
+#: (the generator requires it to decide at least a third of the greedy tokens), so those
+#: roundings reach the logits: 2A2F tiny Qwen3-MoE measured 0.31 nats at a runner-up
+#: logprob of -17.9 (2.5 bf16 ulps there) in one CI run on a 2-core AMD EPYC. Zeroing the
+#: FFN moves the logits by 22-25 nats on average, far outside this tolerance.
+EXPERT_ROUTED_RTOL = 2 * BF16_RTOL
 MAX_TOKENS = min(12, MEASURED_TOKENS)
 NUM_FFN_RANKS = 2
 
@@ -97,7 +105,7 @@ def test_expert_routed_afd_serves_the_same_tokens_as_monolithic_vllm(
         attention_stats = deployment.attention_stats()
     for afd in per_rank:
         assert [c.token_ids for c in afd] == [c.token_ids for c in reference]
-        problem = first_mismatch(reference, afd, atol=LOGPROB_ATOL, rtol=BF16_RTOL)
+        problem = first_mismatch(reference, afd, atol=LOGPROB_ATOL, rtol=EXPERT_ROUTED_RTOL)
         assert problem is None, problem
 
     num_experts, moe_layers = _moe_shape(model)
