@@ -3,9 +3,10 @@
 Each case starts one or two attention servers and two FFN servers (each FFN rank its own
 server with ``role_rank``) over ``DeepEPM2NAFDConnector`` (gloo on CPU), sends the prompt
 batch to every attention server at once, and compares with a plain vLLM server of the
-same tiny model: greedy tokens identical, top-5 logprobs within :data:`EXPERT_ROUTED_RTOL`
-(each FFN rank rounds its partial sum to bf16 before the attention rank adds
-them; with one FFN rank the results are bit-identical, see test_models_offline.py). The servers' counters then show that each FFN rank holds only
+same tiny model: greedy tokens identical, top-5 logprobs within
+:data:`EXPERT_ROUTED_RTOL` (each FFN rank rounds its partial sum to bf16 before the
+attention rank adds them; with one FFN rank the results are bit-identical, see
+test_models_offline.py). The servers' counters then show that each FFN rank holds only
 its block of experts and received exactly the rows the attention ranks routed to it, all
 of them tokens with one of its experts.
 
