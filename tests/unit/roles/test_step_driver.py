@@ -230,7 +230,12 @@ def staged() -> Iterator[tuple[StepDriver, RecordingConnector, StageScheduler, S
     scheduler = StageScheduler(timeout_s=10.0, turn_context=forwards.turn)
     connector = RecordingConnector(make_config(), 0, WIRE)
     driver = StepDriver(
-        connector, WIRE, 0, step_slot=forwards.slot, after_send=scheduler.checkpoint
+        connector,
+        WIRE,
+        0,
+        step_slot=forwards.slot,
+        is_capturing=FakeStream().is_capturing,
+        after_send=scheduler.checkpoint,
     )
     yield driver, connector, scheduler, forwards
     scheduler.close()
