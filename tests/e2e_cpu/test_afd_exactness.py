@@ -15,7 +15,8 @@ then stops before the next one starts (pytest groups the tests by deployment):
 
 Coverage in CI: both tiny models, both gate placements, both start orders, 1A1F and 2A1F
 (two attention servers, one FFN rank serving both, requests in flight on both at once),
-and two stages per step (``num_stages`` 2) on 1A1F Qwen3-MoE and 2A1F DeepSeek-V2.
+and two stages per step (``num_stages`` 2) on 1A1F and 2A1F with each model over P2P and
+on 2A1F DeepSeek-V2 over CAM P2P (test_expert_routed.py has the expert-routed ones).
 The other model, gate and order combinations carry the ``extended`` mark: ``nox -s
 e2e_extended`` runs them.
 
@@ -136,8 +137,19 @@ DEPLOYMENTS = [
     Case("tiny-qwen3-moe", 2, gate_on_attention=False, ffn_first=True, connector=CAM_P2P),
     Case("tiny-deepseek-v2", 2, gate_on_attention=False, ffn_first=False, connector=CAM_P2P),
     # Two stages per step: the prompt batch's steps split (asserted from the FFN's counters).
+    # P2P 1A1F and 2A1F with each model; CAM P2P with its stages' own op groups.
     Case("tiny-qwen3-moe", 1, gate_on_attention=False, ffn_first=True, num_stages=2),
+    Case("tiny-deepseek-v2", 1, gate_on_attention=True, ffn_first=False, num_stages=2),
+    Case("tiny-qwen3-moe", 2, gate_on_attention=True, ffn_first=True, num_stages=2),
     Case("tiny-deepseek-v2", 2, gate_on_attention=True, ffn_first=False, num_stages=2),
+    Case(
+        "tiny-deepseek-v2",
+        2,
+        gate_on_attention=False,
+        ffn_first=True,
+        connector=CAM_P2P,
+        num_stages=2,
+    ),
 ]
 
 

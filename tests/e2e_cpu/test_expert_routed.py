@@ -11,9 +11,11 @@ its block of experts and received exactly the rows the attention ranks routed to
 of them tokens with one of its experts.
 
 Coverage: both tiny models (DeepSeek-V2: MLA, a shared expert, a dense first layer),
-1A2F and 2A2F, both start orders (each model and each layout once in each order). CI runs
-one case per model (Qwen3 2A2F, DeepSeek-V2 1A2F, both attention first; FFN first, 2A2F,
-is test_afd_failures.py's expert-routed replacement); the other two carry the
+1A2F and 2A2F, both start orders (each model and each layout once in each order), and
+1A2F with two stages per step for each model (the prompt batch's steps split; every FFN
+rank counts two-stage steps). CI runs one one-stage case per model (Qwen3 2A2F,
+DeepSeek-V2 1A2F, both attention first; FFN first, 2A2F, is test_afd_failures.py's
+expert-routed replacement) and both two-stage cases; the other two carry the
 ``extended`` mark (``nox -s e2e_extended``).
 """
 
@@ -28,7 +30,11 @@ from afd_core.launch import DeploymentSpec, LocalDeployment
 from afd_core.placement import ExpertPlacement
 from afd_models.tiny.specs import MEASURED_TOKENS, PROMPTS
 from tests.e2e_cpu.harness import BF16_RTOL, MonolithicServers, complete, first_mismatch
-from tests.e2e_cpu.test_afd_exactness import LOGPROB_ATOL, complete_on_all
+from tests.e2e_cpu.test_afd_exactness import (
+    LOGPROB_ATOL,
+    STAGE_TOKEN_THRESHOLD,
+    complete_on_all,
+)
 
 pytest.importorskip("vllm")
 pytest.importorskip("openai")
@@ -56,11 +62,14 @@ class Case:
     model: str
     num_attention_ranks: int
     ffn_first: bool
+    #: 2: two stages per step, with thresholds low enough that the prompt batch splits.
+    num_stages: int = 1
 
     @property
     def id(self) -> str:
         order = "ffn-first" if self.ffn_first else "attn-first"
-        return f"{self.model}-{self.num_attention_ranks}A{NUM_FFN_RANKS}F-{order}"
+        stages = f"-{self.num_stages}stages" if self.num_stages > 1 else ""
+        return f"{self.model}-{self.num_attention_ranks}A{NUM_FFN_RANKS}F{stages}-{order}"
 
 
 CASES = [
@@ -68,6 +77,8 @@ CASES = [
     Case("tiny-qwen3-moe", 2, ffn_first=False),
     Case("tiny-deepseek-v2", 1, ffn_first=False),
     pytest.param(Case("tiny-deepseek-v2", 2, ffn_first=True), marks=pytest.mark.extended),
+    Case("tiny-qwen3-moe", 1, ffn_first=False, num_stages=2),
+    Case("tiny-deepseek-v2", 1, ffn_first=True, num_stages=2),
 ]
 
 
@@ -99,6 +110,9 @@ def test_expert_routed_afd_serves_the_same_tokens_as_monolithic_vllm(
         compute_gate_on_attention=True,
         ffn_first=case.ffn_first,
         stagger_s=3.0,
+        num_stages=case.num_stages,
+        stage_decode_token_threshold=STAGE_TOKEN_THRESHOLD if case.num_stages > 1 else None,
+        stage_prefill_token_threshold=STAGE_TOKEN_THRESHOLD if case.num_stages > 1 else None,
     )
     with LocalDeployment(spec, work_dir=tmp_path, cache_root=vllm_cache_root) as deployment:
         per_rank = complete_on_all(deployment.endpoints)
@@ -131,6 +145,10 @@ def test_expert_routed_afd_serves_the_same_tokens_as_monolithic_vllm(
     tokens = ffn_stats[0]["tokens"]  # every FFN rank takes part in every step
     assert tokens >= case.num_attention_ranks * len(PROMPTS) * MAX_TOKENS
     assert all(s["tokens"] == tokens for s in ffn_stats)
+    # Every FFN rank ran the same steps, so the same two-stage steps (none with one stage).
+    two_stage_steps = ffn_stats[0]["two_stage_steps"]
+    assert all(s["two_stage_steps"] == two_stage_steps for s in ffn_stats)
+    assert (two_stage_steps > 0) == (case.num_stages == 2), two_stage_steps
     for layer in moe_layers:
         rows = sum(s["endpoint"]["received_rows"][str(layer)] for s in ffn_stats)
         assert tokens <= rows < NUM_FFN_RANKS * tokens, (layer, rows, tokens)
