@@ -38,6 +38,7 @@ fake connector and fake tensors.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
@@ -146,6 +147,10 @@ class StepDriver:
         #: Steps that exchanged every layer (in every stage), and of them those of two stages.
         self.completed_steps = 0
         self.two_stage_steps = 0
+        #: Seconds spent waiting in the endpoint's ``recv`` for the FFN role's results (the
+        #: attention rank's idle time in its forwards; with two stages, only the waits of
+        #: the stage holding the turn, i.e. while the other stage could not run either).
+        self.exchange_wait_s = 0.0
 
     @contextmanager
     def dummy_flags(self, flags: StepFlags) -> Iterator[None]:
@@ -265,8 +270,10 @@ class StepDriver:
         with afd_range(ATTENTION_SEND, layer):
             endpoint.send(layer, stage, hidden.contiguous(), router_logits=logits, routing=routing)
         self._after_send()
+        waiting_since = time.perf_counter()
         with afd_range(ATTENTION_WAIT, layer):
             out = endpoint.recv(layer, stage)
+        self.exchange_wait_s += time.perf_counter() - waiting_since
         if layer == self._layers[-1]:  # the endpoint took every layer before it, in order
             self._stages_done += 1
             if self._stages_done == metadata.num_stages:

@@ -43,13 +43,16 @@ class AttentionWorkerMixin:
 
     def afd_stats(self) -> dict[str, Any]:
         """``{"steps": completed steps, "two_stage_steps": those of two stages,
-        "endpoint": the attention endpoint's counters}``."""
+        "exchange_wait_s": seconds waited for the FFN role's results (see
+        :attr:`~afd_attention.step_driver.StepDriver.exchange_wait_s`), "endpoint": the
+        attention endpoint's counters}``."""
         session = self._afd_session
         if session is None:
             raise AFDError("AFD attention: not connected to the FFN role yet (model loading)")
         return {
             "steps": session.driver.completed_steps,
             "two_stage_steps": session.driver.two_stage_steps,
+            "exchange_wait_s": session.driver.exchange_wait_s,
             "endpoint": session.connector.attention.stats(),
         }
 

@@ -216,6 +216,7 @@ class FFNServer:
         endpoint = self._connector.ffn
         with afd_range(FFN_RECV, layer):
             batch = endpoint.recv(step, layer, stage)
+        received_at = time.perf_counter()
         hidden, logits, routing = batch.hidden, batch.router_logits, batch.routing
         device = self._device
         if device is not None:
@@ -231,6 +232,7 @@ class FFNServer:
         self.stats.rows += hidden.shape[0]
         with afd_range(FFN_SEND, layer):
             endpoint.send(batch, output)
+        self.stats.busy_s += time.perf_counter() - received_at
 
     def _serve_graph_step(self, step: FFNStep) -> None:
         if self._graphs is None:

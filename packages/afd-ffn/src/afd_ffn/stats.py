@@ -22,7 +22,10 @@ class FFNStats:
     only the tokens routed to this rank). ``rendezvous``: rendezvous completed (1 after
     start-up; one more for each new set of attention ranks served after the previous ones
     all left, with a connector that does not replace attention ranks one by one; one that
-    does counts its replacements in the endpoint's ``attention_replacements``). Written
+    does counts its replacements in the endpoint's ``attention_replacements``).
+    ``busy_s``: seconds from each eager layer batch received to its result sent (the
+    FFN's work on a layer, the reply's copy included); over a window of wall time it
+    gives the share the FFN rank worked rather than waited for attention. Written
     only by the server thread; readers see whole numbers (Python int updates are atomic),
     possibly one step behind.
     """
@@ -37,7 +40,8 @@ class FFNStats:
     graph_replays: int = 0
     graph_steps_eager: int = 0
     rendezvous: int = 0
+    busy_s: float = 0.0
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, int | float]:
         """The counters as a plain dict (what ``afd_stats`` returns over vLLM's RPC)."""
         return asdict(self)
