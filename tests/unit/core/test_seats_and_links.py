@@ -7,6 +7,8 @@ Pure logic over an in-memory store (the store calls of ``torch.distributed.Store
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from afd_core.errors import AFDPeerError, AFDProtocolError
@@ -123,3 +125,43 @@ def test_an_ffn_rank_without_linked_attention_ranks_fails_after_its_idle_limit(m
     links.add(link(0, RecordingWorld()))
     assert links.idle_error() is None  # a linked rank resets it
     assert links.get(0).name == "attention rank 0 (world rank 1)"
+
+
+def test_a_follower_that_lets_a_link_go_first_waits_for_the_next_generation(monkeypatch):
+    """An expert-routed follower may release a departed server's link before FFN rank 0
+    vacates the seat: the seat records then still name that server's generation (joined
+    once, answered ready), and reopening it would wait on a dead peer. The acceptor opens
+    only the next generation, once vacated and claimed."""
+    monkeypatch.setattr(links_module, "ACCEPT_POLL_S", 0.01)
+    s = session()
+    s.store.add(s.key("joined", "attention", 1), 1)  # generation 0 joined
+    seats.answer(s, 1, 0, None)
+    seats.mark_seated(s, 1, 0)
+    links = BlockLinks(1, [], replaceable=True, session=s, idle_limit_s=60, owns_seats=False)
+    links.add_initial(link(1, RecordingWorld()))
+    opened: list[tuple[int, int]] = []
+    failures = links.get(1).failures
+    replacement = AttentionLink(1, 1, None, None, failures, 1, RecordingWorld())  # type: ignore[arg-type]
+
+    def open_link(rank: int, generation: int) -> AttentionLink:
+        opened.append((rank, generation))
+        return replacement
+
+    acceptor = links_module.LinkAcceptor(links, s, (1,), open_link, timeout_s=5.0)
+    acceptor.start()
+    try:
+        assert links.lose(links.get(1), AFDPeerError("attention rank 1 left"))
+        links.settle(lambda gone: None)  # the follower lets go; the seat is not vacated yet
+        assert not links.holds(1) and links.latest_generation(1) == 0
+        time.sleep(0.2)  # twenty looks at the seat records
+        assert opened == []
+        assert seats.vacate(s, 1) == 1  # FFN rank 0 lets its link go
+        s.store.add(s.key("joined", "attention", 1), 1)  # the replacement joins ...
+        seats.answer(s, 1, 1, None)  # ... and is ready
+        deadline = time.monotonic() + 5.0
+        while not links.holds(1) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert opened == [(1, 1)] and links.get(1) is replacement
+        assert links.latest_generation(1) == 1
+    finally:
+        acceptor.stop(5.0)

@@ -120,7 +120,11 @@ class BlockLinks:
         self._session = session
         self._idle_limit_s = idle_limit_s
         self._lock = threading.Lock()
-        self._links: dict[int, AttentionLink] = {link.rank: link for link in links}
+        self._links: dict[int, AttentionLink] = {}
+        #: The latest generation linked per attention rank (kept after its link goes).
+        self._generations: dict[int, int] = {}
+        for link in links:
+            self._keep(link)
         self._changes = _Changes()
         self._idle_since: float | None = None
         self._listeners: list[Callable[[], None]] = []
@@ -150,6 +154,16 @@ class BlockLinks:
         """Whether ``rank`` has a link (live or not yet released)."""
         with self._lock:
             return rank in self._links
+
+    def latest_generation(self, rank: int) -> int:
+        """The latest generation of ``rank`` this FFN rank has linked (-1: none yet)."""
+        with self._lock:
+            return self._generations.get(rank, -1)
+
+    def _keep(self, link: AttentionLink) -> None:
+        """Hold ``link`` as its rank's link (caller holds the lock, or owns the object)."""
+        self._links[link.rank] = link
+        self._generations[link.rank] = max(link.generation, self._generations.get(link.rank, -1))
 
     def lose(self, link: AttentionLink, error: AFDError) -> bool:
         """``link``'s peer is gone or its transfers failed (``error`` says how): True when
@@ -187,12 +201,12 @@ class BlockLinks:
     def add_initial(self, link: AttentionLink) -> None:
         """A link of the world's start (before the FFN loop runs)."""
         with self._lock:
-            self._links[link.rank] = link
+            self._keep(link)
 
     def add(self, link: AttentionLink) -> None:
         """A replacement link is open (acceptor thread); the FFN loop takes it in."""
         with self._lock:
-            self._links[link.rank] = link
+            self._keep(link)
             self._changes.added.append(link)
             self.replacements += 1
         logger.info(
@@ -348,8 +362,10 @@ class LinkAcceptor:
 
     A daemon thread looks at the seat records every :data:`ACCEPT_POLL_S`. For a rank of
     ``ranks`` without a link whose next generation has joined, it waits for that
-    claimant's answer: ``ready`` opens the link (``open_link``, bounded by the AFD
-    timeout) and hands it to ``links``. Where ``links`` own the seats it also marks the
+    claimant's answer (only a generation later than any this FFN rank linked: a follower
+    may let a link go before the seat's owner vacates it): ``ready`` opens the link
+    (``open_link``, bounded by the AFD timeout) and hands it to ``links``. Where
+    ``links`` own the seats it also marks the
     seat taken and, for a refusal, a claimant that gives no answer within ``timeout_s``
     of the join or a link that cannot be opened, vacates the seat again with a warning in
     the log, so the next server may take it; an FFN rank that does not own the seats
@@ -402,6 +418,10 @@ class LinkAcceptor:
             return
         session, owns_seats = self._session, self._links.owns_seats
         generation = seats.vacancies(session, rank)
+        if generation <= self._links.latest_generation(rank):
+            # That server was linked here and has left; the FFN rank that owns the seat has
+            # not vacated it yet (a follower may let its link go first).
+            return
         if seats.joins(session, rank) <= generation:
             return  # nobody claims the seat
         answer = seats.read_answer(session, rank, generation)
