@@ -37,13 +37,13 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench_host import build_tiny_model, cpu_model, load_average
 from cpu_accounting import WindowTimes, cpu_count, snapshot, window
 from gloo_roundtrip import RoundTrip, format_table, measure
 
@@ -58,7 +58,6 @@ WIDE_HIDDEN = 2048
 START_TIMEOUT_S = 240.0
 REQUEST_TIMEOUT_S = 300.0
 IDLE_WINDOW_S = 3.0
-MODEL_BUILD_TIMEOUT_S = 300.0
 PROMPT = "the attention rank sends hidden states to the expert rank, request"
 
 
@@ -86,13 +85,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--max-tokens must be at least 2 (the first token is not timed)")
     if args.vllm_spin_sleep_us is not None and args.vllm_spin_sleep_us < 1:
         parser.error("--vllm-spin-sleep-us must be a positive number of microseconds")
-    print(f"machine: {_cpu_model()}, {os.cpu_count()} cores, {platform.platform()}")
-    print(f"load average at start (1/5/15 min): {_load()}")
+    print(f"machine: {cpu_model()}, {os.cpu_count()} cores, {platform.platform()}")
+    print(f"load average at start (1/5/15 min): {load_average()}")
     if args.vllm_spin_sleep_us is not None:
         _sleep_instead_of_spinning(args.vllm_spin_sleep_us)
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="afd-bench-"))
     work_dir.mkdir(parents=True, exist_ok=True)
-    model = args.model or _build_model(work_dir / "models")
+    model = args.model or build_tiny_model(work_dir / "models", MODEL)
     config = json.loads((model / "config.json").read_text())
     layers, hidden = config["num_hidden_layers"], config["hidden_size"]
 
@@ -144,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"  B={batch} {label:>9}: wire {wire_us / 1e3:.2f} ms per token; "
                 f"AFD - monolithic {extra_ms:.2f} ms per token"
             )
-    print(f"load average at end (1/5/15 min): {_load()}")
+    print(f"load average at end (1/5/15 min): {load_average()}")
     return 0
 
 
@@ -302,30 +301,6 @@ def _rounded(
 
 def _row(rows: Sequence[RoundTrip], tokens: int, hidden: int) -> RoundTrip:
     return next(r for r in rows if r.tokens == tokens and r.hidden == hidden)
-
-
-def _build_model(out_dir: Path) -> Path:
-    print(f"building {MODEL} in {out_dir}")
-    subprocess.run(
-        [sys.executable, "-m", "afd_models.tiny", str(out_dir), "--model", MODEL],
-        check=True,
-        timeout=MODEL_BUILD_TIMEOUT_S,
-    )
-    return out_dir / MODEL
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":

