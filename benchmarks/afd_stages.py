@@ -11,9 +11,10 @@ vLLM, at several concurrencies, in one run; each AFD role's busy fraction.
 3. for ``--rounds`` rounds, for every concurrency C: C concurrent streaming requests (one
    prompt each, ``--max-tokens`` tokens, EOS ignored) to each deployment in turn, the
    order rotating by round so that no deployment always follows the same one. A window's
-   decode throughput is the sum over its requests of (tokens - 1) / (last token - first
-   token): the rate the deployment kept up while every request decoded (prefill left
-   out). Around every AFD window it reads ``afd_stats`` of both roles: the attention
+   throughput is its output tokens (C x tokens) over its wall time, from the requests
+   sent to the last token (short prompts: prefill is a few of the window's steps;
+   streamed tokens arrive in bursts, so per-request token gaps are not used). Around
+   every AFD window it reads ``afd_stats`` of both roles: the attention
    rank's busy fraction is 1 - (time its forwards waited for FFN results) / (window),
    the FFN rank's is (time from each received layer to its result sent) / (window);
 4. with ``--vllm-bench``, runs vLLM's own benchmark client (``vllm bench serve``) against
@@ -73,7 +74,6 @@ LABELS = (MONOLITHIC, ONE_STAGE, TWO_STAGES)
 class Window:
     """One timed window: C concurrent requests to one deployment."""
 
-    decode_tok_s: float
     output_tok_s: float
     seconds: float
     attention_busy: float | None = None
@@ -197,8 +197,7 @@ def _measure(
                 windows.setdefault((target.label, c), []).append(window)
                 print(
                     f"  round {r + 1} C={c:>2} {target.label:<13}: "
-                    f"{window.decode_tok_s:7.1f} decode tok/s, {window.output_tok_s:7.1f} "
-                    f"output tok/s"
+                    f"{window.output_tok_s:7.1f} output tok/s in {window.seconds:.2f} s"
                     + (
                         ""
                         if window.attention_busy is None
@@ -215,16 +214,14 @@ def _window(target: Target, concurrency: int, max_tokens: int) -> Window:
     """``concurrency`` streaming requests at once to ``target``, timed, with its counters."""
     before = target.counters()
     began = time.perf_counter()
-    spans = asyncio.run(_requests(target, concurrency, max_tokens))
+    asyncio.run(_requests(target, concurrency, max_tokens))
     seconds = time.perf_counter() - began
     after = target.counters()
-    decode = sum((max_tokens - 1) / (last - first) for first, last in spans)
-    window = Window(decode, concurrency * max_tokens / seconds, seconds)
+    window = Window(concurrency * max_tokens / seconds, seconds)
     if before is None or after is None:
         return window
     waited, busy, steps, two_stage = (a - b for a, b in zip(after, before, strict=True))
     return Window(
-        window.decode_tok_s,
         window.output_tok_s,
         seconds,
         attention_busy=1.0 - waited / seconds,
@@ -234,16 +231,15 @@ def _window(target: Target, concurrency: int, max_tokens: int) -> Window:
     )
 
 
-async def _requests(target: Target, concurrency: int, max_tokens: int) -> list[tuple[float, float]]:
-    """(first token, last token) times of ``concurrency`` concurrent streaming requests."""
+async def _requests(target: Target, concurrency: int, max_tokens: int) -> None:
+    """``concurrency`` concurrent streaming requests of ``max_tokens`` tokens each."""
     import openai
 
     client = openai.AsyncOpenAI(
         base_url=f"{target.url}/v1", api_key="unused", timeout=REQUEST_TIMEOUT_S, max_retries=0
     )
 
-    async def one(i: int) -> tuple[float, float]:
-        first = last = 0.0
+    async def one(i: int) -> None:
         tokens = 0
         stream = await client.completions.create(
             model=target.model_name,
@@ -255,21 +251,16 @@ async def _requests(target: Target, concurrency: int, max_tokens: int) -> list[t
             extra_body={"ignore_eos": True},
         )
         async for chunk in stream:
-            now = time.perf_counter()
-            if chunk.choices:
-                first = first or now
-                last = now
             if chunk.usage is not None:
                 tokens = chunk.usage.completion_tokens
-        if tokens != max_tokens or last <= first:
+        if tokens != max_tokens:
             raise RuntimeError(
                 f"{target.label} ({target.url}): a request got {tokens} of {max_tokens} "
                 "tokens; see the server logs"
             )
-        return first, last
 
     async with client:
-        return list(await asyncio.gather(*(one(i) for i in range(concurrency))))
+        await asyncio.gather(*(one(i) for i in range(concurrency)))
 
 
 def _vllm_bench(target: Target, model: Path, concurrency: int) -> dict[str, Any]:
@@ -303,7 +294,7 @@ def _format(
     windows: dict[tuple[str, int], list[Window]], args: argparse.Namespace, model: Path
 ) -> str:
     lines = [
-        f"decode throughput (tokens/s) of {model.name}, eager, C concurrent streaming "
+        f"output throughput (tokens/s) of {model.name}, eager, C concurrent streaming "
         f"requests of {args.max_tokens} tokens; median of {args.rounds} alternated windows "
         f"(min-max); busy fractions of the AFD roles (medians); two-stage thresholds "
         f"{args.stage_threshold} tokens",
@@ -312,7 +303,7 @@ def _format(
     ]
 
     def cell(label: str, c: int) -> str:
-        values = [w.decode_tok_s for w in windows[label, c]]
+        values = [w.output_tok_s for w in windows[label, c]]
         return f"{statistics.median(values):6.1f} ({min(values):4.0f}-{max(values):4.0f})"
 
     def busy(label: str, c: int) -> str:
@@ -323,7 +314,7 @@ def _format(
 
     for c in args.concurrency:
         mono, one, two = (
-            statistics.median(w.decode_tok_s for w in windows[label, c]) for label in LABELS
+            statistics.median(w.output_tok_s for w in windows[label, c]) for label in LABELS
         )
         lines.append(
             f"{c:>3} | {cell(MONOLITHIC, c):>17} | {cell(ONE_STAGE, c):>17} | "

@@ -224,7 +224,11 @@ def test_a_killed_ffn_rank_is_named_by_the_attention_rank_without_hanging(ranks,
     out = ranks.join(40)
     assert out["ffn1"].exitcode == -signal.SIGKILL
     assert out["attn"].error_type == "AFDPeerError", out["attn"]
-    assert reports_peer_gone(out["attn"].error, "FFN rank 1 (world rank 1)", "layer 2 of step 0"), (
-        out["attn"].error
-    )
+    # FFN rank 1 dies once it has answered layer 1: the attention rank waits for layer 2,
+    # or still for FFN rank 0's answer to layer 1. FFN rank 0 fails too (it lost FFN rank
+    # 1) and closes; the error names the crashed rank either way.
+    assert any(
+        reports_peer_gone(out["attn"].error, "FFN rank 1 (world rank 1)", f"layer {n} of step 0")
+        for n in (1, 2)
+    ), out["attn"].error
     assert out["attn"].elapsed_s < 15  # at once in practice; the bound is 20 s

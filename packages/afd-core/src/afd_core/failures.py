@@ -23,6 +23,11 @@ from afd_core.topology import Role, Topology
 from afd_core.transport import TransferFailed
 from afd_core.wire import describe_rank
 
+#: Seconds a transfer that failed because its peer closed the connection waits for this
+#: rank's peer watch to report a crashed rank, whose loss made that peer close (the
+#: error then names the crashed rank). A killed process is seen within milliseconds.
+ROOT_CAUSE_GRACE_S = 0.5
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -34,12 +39,13 @@ class Fuse:
     failed. Thread-safe: :meth:`close` may run on any thread.
     """
 
-    __slots__ = ("_closed", "_departure", "_failure", "_lock", "blown", "name")
+    __slots__ = ("_closed", "_departure", "_failed", "_failure", "_lock", "blown", "name")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.blown = False
         self._closed = threading.Event()
+        self._failed = threading.Event()
         self._failure: AFDError | None = None
         self._departure: AFDError | None = None
         self._lock = threading.Lock()
@@ -72,6 +78,12 @@ class Fuse:
             if self._failure is None:
                 self._failure = type(exc)(str(exc))
             self.blown = True
+        self._failed.set()
+
+    def wait_failure(self, timeout_s: float) -> AFDError | None:
+        """The connector's failure, waiting up to ``timeout_s`` for one (None: none came)."""
+        self._failed.wait(timeout_s)
+        return self._failure
 
     def depart(self, exc: AFDError) -> None:
         """A peer left in good order: fail at the next step boundary, not now (see
@@ -199,8 +211,14 @@ class PeerFailures:
             return AFDShutdown(f"AFD: {self._fuse.name} was closed while waiting for {doing}")
         failed = failure.peer if failure.peer is not None else peer
         who = "a peer" if failed is None else self.describe(failed)
-        if failure.reason == "interrupted" and self._fuse.failure is not None:
-            return type(self._fuse.failure)(f"{self._fuse.failure} (while waiting for {doing})")
+        if failure.reason == "peer_closed":
+            # A peer that closes may be the second to go: it failed because another rank
+            # crashed, whose loss this rank's peer watch reports within milliseconds.
+            # Name that root cause when it comes within the grace.
+            self._fuse.wait_failure(ROOT_CAUSE_GRACE_S)
+        cause = self._fuse.failure
+        if failure.reason in ("interrupted", "peer_closed") and cause is not None:
+            return type(cause)(f"{cause} (while waiting for {doing})")
         if failure.reason == "timeout":
             return AFDPeerError(
                 f"AFD: {who} did not answer within {self._timeout_s:g} s ({doing}); it is "
