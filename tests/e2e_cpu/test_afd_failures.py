@@ -239,6 +239,64 @@ def test_a_frozen_ffn_fails_the_streaming_request_in_flight_within_seconds(
     print(f"attention exited {took:.1f} s after start")
 
 
+#: Requests streamed at once in the two-stage failure test: every decode step splits.
+TWO_STAGE_STREAMS = 4
+
+
+def test_an_ffn_killed_during_two_stage_steps_ends_every_request_within_seconds(
+    tiny_models: Path, vllm_cache_root: Path, tmp_path: Path
+) -> None:
+    """Two stages per step (thresholds 2), four requests streaming, so every decode step
+    runs as two stages on the attention rank's stage threads: SIGKILL of the whole FFN
+    server. The stage waiting for the FFN rank's answer fails with the connector's error
+    naming FFN rank 0, the step ends (the other stage is unwound, no wait outlives the
+    peer watch), every request ends within seconds, and the attention server exits with
+    that error in its log."""
+    spec = DeploymentSpec(
+        model=tiny_models / MODEL,
+        afd_process_group_timeout_s=PEER_TIMEOUT_S,
+        num_stages=2,
+        stage_decode_token_threshold=2,
+        stage_prefill_token_threshold=2,
+    )
+    with LocalDeployment(spec, work_dir=tmp_path, cache_root=vllm_cache_root) as deployment:
+        (attention,) = deployment.attention_servers
+        (ffn,) = deployment.ffn_servers
+        killed = threading.Event()
+        split_steps: list[int] = []
+
+        def kill_ffn() -> None:
+            (stats,) = deployment.attention_stats()  # the steps so far split in two
+            split_steps.append(stats["two_stage_steps"])
+            os.killpg(ffn.pid, signal.SIGKILL)
+            killed.set()
+
+        outcomes: list[StreamOutcome] = []
+        ended_at: list[float] = []
+
+        def stream(index: int) -> None:
+            interrupt = kill_ffn if index == 0 else lambda: None
+            outcomes.append(stream_and_interrupt(attention.url, interrupt, 8, timeout_s=90.0))
+            ended_at.append(time.monotonic())
+
+        threads = [threading.Thread(target=stream, args=(i,)) for i in range(TWO_STAGE_STREAMS)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120.0)
+        killed_at = next(o.interrupted_at for o in outcomes if o.interrupted_at)
+        took = wait_exit(attention, EXIT_DEADLINE_S)
+        log = attention.log_path.read_text(errors="replace")
+    assert killed.is_set() and split_steps and split_steps[0] > 0, split_steps
+    assert len(outcomes) == TWO_STAGE_STREAMS  # every stream ended: no thread hangs
+    assert all(o.chunks < REQUEST_TOKENS for o in outcomes), [o.chunks for o in outcomes]
+    slowest = max(ended_at) - killed_at
+    print(f"two-stage steps before the kill: {split_steps[0]}; last stream ended {slowest:.1f} s")
+    assert slowest < SIGNAL_BOUND_S, "a request outlived the peer watch's bound"
+    assert "FFN rank 0 (world rank 0)" in log and "AFDPeerError" in log, attention.log_tail()
+    print(f"attention exited {took:.1f} s after start")
+
+
 def wait_tree_gone(server: VllmServer, since: float, bound_s: float) -> float:
     """Seconds from ``since`` until no process of ``server`` is left; fails past the bound."""
     while left := server.leftover_pids():

@@ -19,7 +19,9 @@ With ``P2pGlooAFDConnector`` (a CPU transport) both roles share the attention GP
 unless ``$AFD_E2E_ROLE_GPUS`` says otherwise): the attention role's tensors cross to the
 host inside the connector and the FFN server moves what it receives to its GPU. With
 ``P2pNcclAFDConnector`` the FFN server runs on the FFN GPU (GPU 1; NCCL cannot pair two
-processes on one GPU); those cases skip on a host with fewer than two GPUs.
+processes on one GPU); those cases skip on a host with fewer than two GPUs. Two stages
+per step (``num_stages`` 2) run on the V1 runner, eagerly, over gloo (P2P with each
+model, and expert-routed); the FFN server's counters show that the steps split.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import pytest
 from afd_core.launch import DeploymentSpec, LocalDeployment
 from afd_models.tiny.specs import MEASURED_TOKENS, PROMPTS
 from tests.e2e_cpu.harness import Completion, MonolithicServers, complete
+from tests.e2e_cpu.test_afd_exactness import STAGE_TOKEN_THRESHOLD
 from tests.e2e_gpu.gpu_settings import cuda_device_count, role_env, server_args
 
 pytest.importorskip("vllm")
@@ -74,6 +77,9 @@ class Case:
     graphs: bool = False
     graph_mode: str = "FULL_DECODE_ONLY"
     model: str = QWEN
+    #: 2: two stages per step (V1 runner, eager, gloo data plane), thresholds low enough
+    #: that the prompt batch's steps split.
+    num_stages: int = 1
 
     @property
     def mla(self) -> bool:
@@ -88,6 +94,8 @@ class Case:
             "eager" if not self.graphs else "graphs" if self.graph_mode != "FULL" else "graphs-full"
         )
         layout = f"1A{self.num_ffn_ranks}F"
+        if self.num_stages > 1:
+            layout += f"-{self.num_stages}stages"
         return f"{self.model}-{layout}-{gate}-runner-{self.runner}-{self.connector}-{order}-{mode}"
 
     @property
@@ -123,6 +131,11 @@ CASES = [
     Case("v1", gate_on_attention=True, model=DEEPSEEK),
     Case("v2", gate_on_attention=True, connector=NCCL, model=DEEPSEEK),
     Case("v2", gate_on_attention=False, connector=NCCL, graphs=True, model=DEEPSEEK),
+    # Two stages per step on the V1 runner, eagerly, over gloo (both roles on one GPU);
+    # over NCCL two stages are refused at start-up (Connector.two_stage_problem).
+    Case("v1", gate_on_attention=False, num_stages=2),
+    Case("v1", gate_on_attention=True, model=DEEPSEEK, num_stages=2),
+    Case("v1", gate_on_attention=True, connector=M2N_GLOO, num_stages=2),
 ]
 
 
@@ -175,6 +188,9 @@ def test_afd_on_cuda_serves_the_same_tokens_as_monolithic_vllm(
         start_timeout_s=START_TIMEOUT_S,
         num_ffn_ranks=case.num_ffn_ranks,
         connector_extra_config={"transport": "gloo"} if case.connector == M2N_GLOO else {},
+        num_stages=case.num_stages,
+        stage_decode_token_threshold=STAGE_TOKEN_THRESHOLD if case.num_stages > 1 else None,
+        stage_prefill_token_threshold=STAGE_TOKEN_THRESHOLD if case.num_stages > 1 else None,
     )
     with LocalDeployment(spec, work_dir=tmp_path, cache_root=vllm_cache_root) as deployment:
         afd = complete(deployment.endpoint, PROMPTS, MAX_TOKENS)
@@ -212,3 +228,4 @@ def test_afd_on_cuda_serves_the_same_tokens_as_monolithic_vllm(
     assert stats["layer_exchanges"] >= num_layers * MAX_TOKENS
     assert stats["layer_exchanges"] % num_layers == 0
     assert stats["tokens"] >= len(PROMPTS) * MAX_TOKENS
+    assert (stats["two_stage_steps"] > 0) == (case.num_stages == 2), stats

@@ -59,3 +59,9 @@ def test_building_and_closing_an_unused_connector_imports_no_torch() -> None:
     conn.close()
     assert conn.is_closed
     assert ("torch" in sys.modules) == had_torch
+
+
+def test_two_stages_per_step_are_refused_over_nccl_with_the_reason() -> None:
+    problem = build({}).two_stage_problem()
+    assert problem is not None and "posting order on one stream" in problem
+    assert "P2pGlooAFDConnector" in problem  # what to use instead

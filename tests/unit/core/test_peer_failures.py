@@ -12,7 +12,8 @@ from afd_core.transport import TransferFailed
 
 
 def explain(fuse: Fuse, reason: str) -> str:
-    failures = PeerFailures(Topology(1, 2, "expert"), 30.0, fuse)  # world: FFN 0, FFN 1, attention 0
+    # World ranks: FFN 0, FFN 1, attention 0.
+    failures = PeerFailures(Topology(1, 2, "expert"), 30.0, fuse)
     return str(failures.error(TransferFailed(0, reason, "pair closed"), "layer 2 of step 0"))
 
 

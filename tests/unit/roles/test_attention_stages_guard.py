@@ -1,5 +1,7 @@
-"""Which attention deployments may run two stages per step: the CPU runner without data
-parallelism; the CUDA runners are refused at start-up, by name."""
+"""Which attention deployments may run two stages per step: vLLM's V1 runners (CPU, and
+CUDA with ``VLLM_USE_V2_MODEL_RUNNER=0``), eagerly, without data parallelism; the rest
+are refused at start-up, naming what to change. The connector's own rule is
+``Connector.two_stage_problem`` (tests/unit/core/test_connector_base.py)."""
 
 from __future__ import annotations
 
@@ -16,13 +18,23 @@ def test_two_stages_run_on_the_cpu_runner() -> None:
     check_num_stages(TWO_STAGES, "cpu")
 
 
-def test_two_stages_on_cuda_are_refused_naming_the_runners() -> None:
-    with pytest.raises(AFDConfigError, match=r"num_stages 2 is not supported on cuda") as info:
-        check_num_stages(TWO_STAGES, "cuda")
+def test_two_stages_run_on_the_cuda_v1_runner_eagerly() -> None:
+    check_num_stages(TWO_STAGES, "cuda", use_v2_model_runner=False, cudagraph_mode="NONE")
+
+
+def test_two_stages_on_model_runner_v2_are_refused_naming_the_switch() -> None:
+    with pytest.raises(AFDConfigError, match=r"num_stages 2 runs on vLLM's V1 runner") as info:
+        check_num_stages(TWO_STAGES, "cuda", use_v2_model_runner=True)
     message = str(info.value)
-    assert "AFDAttentionCUDAModelRunner on Model Runner V2" in message
-    assert "AFDAttentionCUDAModelRunnerV1" in message
+    assert "AFDAttentionCUDAModelRunner" in message
+    assert "VLLM_USE_V2_MODEL_RUNNER=0" in message
     assert message.endswith('set "num_stages": 1 on both roles')
+
+
+def test_two_stages_under_cuda_graphs_are_refused_naming_the_mode() -> None:
+    with pytest.raises(AFDConfigError, match=r"cudagraph_mode FULL_DECODE_ONLY") as info:
+        check_num_stages(TWO_STAGES, "cuda", cudagraph_mode="FULL_DECODE_ONLY")
+    assert "--enforce-eager" in str(info.value)
 
 
 def test_two_stages_with_data_parallelism_are_refused() -> None:
@@ -33,4 +45,10 @@ def test_two_stages_with_data_parallelism_are_refused() -> None:
 
 @pytest.mark.parametrize("platform", ["cpu", "cuda"])
 def test_one_stage_is_accepted_everywhere(platform: str) -> None:
-    check_num_stages(AFDConfig(role="attention", connector="C"), platform, data_parallel_size=2)
+    check_num_stages(
+        AFDConfig(role="attention", connector="C"),
+        platform,
+        data_parallel_size=2,
+        use_v2_model_runner=True,
+        cudagraph_mode="FULL",
+    )

@@ -145,6 +145,20 @@ def test_build_connector_rejects_a_registered_class_that_is_not_a_connector(regi
         roles.build_connector(config, 0, WIRE)
 
 
+def test_build_connector_refuses_two_stages_a_connector_cannot_carry(registry, monkeypatch):
+    from tests.unit.roles.fakes import RecordingConnector as Recording
+
+    monkeypatch.setattr(Recording, "two_stage_problem", lambda self: "its data plane is serial")
+    two_stages = replace(make_config(), num_stages=2)
+    with pytest.raises(AFDConfigError) as info:
+        roles.build_connector(two_stages, 0, WIRE)
+    assert str(info.value).startswith(
+        "AFD config: num_stages 2 with Recording: its data plane is serial; "
+        'set "num_stages": 1 on both roles'
+    )
+    assert isinstance(roles.build_connector(make_config(), 0, WIRE), Recording)  # one stage
+
+
 def vllm_config(afd: dict | None, *, dp_rank: int = 0, dp: int = 1) -> SimpleNamespace:
     """A stand-in for vLLM's config: what role_worker_setup reads."""
     return SimpleNamespace(

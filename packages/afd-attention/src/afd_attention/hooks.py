@@ -35,40 +35,66 @@ def afd_workers() -> list[WorkerSpec]:
 @hookimpl
 def afd_validate(config: AFDConfig, vllm_config: Any) -> None:
     """Reject attention deployments the workers cannot run (before any worker starts)."""
-    if config.role == "attention":
-        check_parallel_layout(config, vllm_config.parallel_config)
-        platform = current_platform_name()
-        check_num_stages(config, platform, vllm_config.parallel_config.data_parallel_size)
-        if platform == "cuda":
-            check_cuda_graphs(
-                get_registry().connector(config.connector),
-                vllm_config.compilation_config.cudagraph_mode,
-                vllm_config.parallel_config.data_parallel_size,
-            )
+    if config.role != "attention":
+        return
+    parallel = vllm_config.parallel_config
+    check_parallel_layout(config, parallel)
+    platform = current_platform_name()
+    if platform != "cuda":
+        check_num_stages(config, platform, parallel.data_parallel_size)
+        return
+    cudagraph_mode = vllm_config.compilation_config.cudagraph_mode
+    check_num_stages(
+        config,
+        platform,
+        parallel.data_parallel_size,
+        use_v2_model_runner=vllm_config.use_v2_model_runner,
+        cudagraph_mode=cudagraph_mode.name,
+    )
+    check_cuda_graphs(
+        get_registry().connector(config.connector), cudagraph_mode, parallel.data_parallel_size
+    )
 
 
-def check_num_stages(config: AFDConfig, platform: str, data_parallel_size: int = 1) -> None:
+def check_num_stages(
+    config: AFDConfig,
+    platform: str,
+    data_parallel_size: int = 1,
+    *,
+    use_v2_model_runner: bool = False,
+    cudagraph_mode: str = "NONE",
+) -> None:
     """Raise AFDConfigError for a number of stages the attention workers cannot run.
 
-    Two stages per step run on the CPU worker's runner (vLLM's V1 ``CPUModelRunner``),
-    without data parallelism (a stage's forward context carries no data-parallel token
-    counts). The CUDA runners run one stage per step (Model Runner V2 does not split steps;
-    the V1 runner's two-stage path has not been run on CUDA, nor inside CUDA graphs).
+    Two stages per step run on vLLM's V1 runners (the CPU worker's ``CPUModelRunner``,
+    and on CUDA ``AFDAttentionCUDAModelRunnerV1`` with ``VLLM_USE_V2_MODEL_RUNNER=0``),
+    eagerly (no CUDA graph mode: ``cudagraph_mode`` is the name of vLLM's resolved mode)
+    and without data parallelism (a stage's forward context carries no data-parallel
+    token counts). Model Runner V2 does not split steps. Whether the connector carries
+    two stages is its own rule (``Connector.two_stage_problem``, read when the worker
+    builds it).
     """
     if config.num_stages == 1:
         return
-    if platform != "cpu":
+    prefix = f"AFD config: num_stages {config.num_stages}"
+    if platform == "cuda" and use_v2_model_runner:
         raise AFDConfigError(
-            f"AFD config: num_stages {config.num_stages} is not supported on {platform} yet: "
-            "the attention role's CUDA runners (AFDAttentionCUDAModelRunner on Model Runner "
-            "V2, AFDAttentionCUDAModelRunnerV1) run one stage per step; set "
+            f"{prefix} runs on vLLM's V1 runner only; Model Runner V2 "
+            "(AFDAttentionCUDAModelRunner, vLLM's CUDA default) runs one stage per step: "
+            'start the attention servers with VLLM_USE_V2_MODEL_RUNNER=0, or set "num_stages": '
+            "1 on both roles"
+        )
+    if platform == "cuda" and cudagraph_mode != "NONE":
+        raise AFDConfigError(
+            f"{prefix} runs eagerly: CUDA graphs (cudagraph_mode {cudagraph_mode}) capture "
+            "one stage per step; start the attention servers with --enforce-eager, or set "
             '"num_stages": 1 on both roles'
         )
     if data_parallel_size > 1:
         raise AFDConfigError(
-            f"AFD config: num_stages {config.num_stages} with data_parallel_size "
-            f"{data_parallel_size} is not supported by the AFD attention role yet; run each "
-            'attention rank as its own server (role_rank), or set "num_stages": 1 on both roles'
+            f"{prefix} with data_parallel_size {data_parallel_size} is not supported by the "
+            "AFD attention role yet; run each attention rank as its own server (role_rank), "
+            'or set "num_stages": 1 on both roles'
         )
 
 

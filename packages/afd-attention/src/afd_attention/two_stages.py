@@ -9,15 +9,18 @@ thread that holds the turn runs in its stage's vLLM forward context (its attenti
 metadata, slot mapping and ``afd_metadata``). The step driver's ``after_send`` is
 :attr:`TwoStageForward.checkpoint`, so a stage hands over after every layer's send.
 
-What each stage thread needs from the worker thread is set up here once: torch's
-inference mode and intra-op thread count are per thread, so every stage runs in
-inference mode with the caller's thread count. Torch and vLLM are imported lazily.
+What each stage thread needs from the worker thread is set up here, per step: torch's
+inference mode, intra-op thread count, current CUDA device and current CUDA stream are
+per thread, so every stage runs in inference mode with the caller's thread count and,
+on CUDA, on the caller's device and stream (the stages' kernels queue on the stream the
+worker thread would have used, in the order the turns run them). Torch and vLLM are
+imported lazily.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from afd_attention.stage_scheduler import StageScheduler
@@ -60,12 +63,17 @@ class TwoStageForward:
         import torch
 
         num_threads = torch.get_num_threads()
+        on_cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        device = torch.cuda.current_device() if on_cuda else None
+        stream = torch.cuda.current_stream() if on_cuda else None
 
         def in_stage_thread(forward: Callable[[], Any]) -> Callable[[], Any]:
             def run_stage() -> Any:
                 if torch.get_num_threads() != num_threads:
                     torch.set_num_threads(num_threads)
-                with torch.inference_mode():
+                if device is not None:
+                    torch.cuda.set_device(device)
+                with torch.inference_mode(), _on_stream(stream):
                     return forward()
 
             return run_stage
@@ -84,3 +92,12 @@ class TwoStageForward:
         from vllm.forward_context import override_forward_context
 
         return override_forward_context(self._contexts[stage])
+
+
+def _on_stream(stream: Any) -> AbstractContextManager[Any]:
+    """``torch.cuda.stream(stream)``, or nothing without one (CPU)."""
+    if stream is None:
+        return nullcontext()
+    import torch
+
+    return torch.cuda.stream(stream)

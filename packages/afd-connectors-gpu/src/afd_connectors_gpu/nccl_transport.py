@@ -54,6 +54,16 @@ ABORT_WAIT_S = 5.0
 WATCHDOG_MARGIN_S = 60.0
 #: NCCL setting for graphs of many p2p ops, applied unless the environment sets it.
 GRAPH_MIXING_ENV = "NCCL_GRAPH_MIXING_SUPPORT"
+#: Why a connector over this transport does not carry two stages per step
+#: (:meth:`afd_core.connector.Connector.two_stage_problem`).
+TWO_STAGE_PROBLEM = (
+    "its NCCL data plane runs a pair's sends and receives in posting order on one stream, "
+    "and the FFN rank answers stage 0 of a layer before it receives stage 1 while the "
+    "attention rank sends both stages before it receives; the two stages would wait on "
+    "each other (a data plane per stage is not built yet). Over gloo "
+    "(P2pGlooAFDConnector, or DeepEPM2NAFDConnector with connector_extra_config "
+    '{"transport": "gloo"}) two stages run on CUDA too'
+)
 
 
 class NcclTransport(Transport):

@@ -366,6 +366,17 @@ class Connector:
             )
         return None
 
+    def two_stage_problem(self) -> str | None:
+        """Why this connector, as configured, cannot carry two stages per step
+        (``"num_stages": 2``), or None when it can (the default).
+
+        Read when a role worker builds the connector; a reason fails the start-up with an
+        AFDConfigError naming the connector. A connector whose data plane cannot keep two
+        stages of one layer in flight without the stages waiting on each other says so
+        here (for example, one that runs a pair's sends and receives in posting order).
+        """
+        return None
+
     def recipe(self) -> Recipe:
         """The recipe this connector is assembled from (:mod:`afd_core.assembly`).
 

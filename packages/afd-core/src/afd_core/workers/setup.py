@@ -107,7 +107,9 @@ def build_connector(config: AFDConfig, role_rank: int, wire: WireSpec) -> Connec
     """Construct the configured connector for ``role_rank`` (no rendezvous yet).
 
     Raises AFDConfigError when the connector name is not registered or its class is not
-    a :class:`~afd_core.connector.Connector`, AFDInstallError when it cannot be imported.
+    a :class:`~afd_core.connector.Connector`, or when ``num_stages`` is 2 and the
+    connector cannot carry two stages (:meth:`~afd_core.connector.Connector.two_stage_problem`);
+    AFDInstallError when it cannot be imported.
     """
     spec = get_registry().connector(config.connector)
     cls = spec.load()
@@ -116,7 +118,14 @@ def build_connector(config: AFDConfig, role_rank: int, wire: WireSpec) -> Connec
             f"AFD: connector {config.connector!r} points at {spec.target}, which is not a "
             "subclass of afd_core.connector.Connector; fix the plugin that registers it"
         )
-    return cls(config, role_rank, wire)
+    connector = cls(config, role_rank, wire)
+    problem = connector.two_stage_problem() if config.num_stages == 2 else None
+    if problem is not None:
+        raise AFDConfigError(
+            f"AFD config: num_stages 2 with {config.connector}: {problem}; set "
+            '"num_stages": 1 on both roles, or use a connector that carries two stages'
+        )
+    return connector
 
 
 @dataclass(frozen=True)
