@@ -53,3 +53,10 @@ def test_graphs_with_data_parallel_attention_are_rejected():
     with pytest.raises(AFDConfigError, match=r"data_parallel_size 2 are not supported"):
         check_cuda_graphs(spec(True), Mode.FULL_DECODE_ONLY, data_parallel_size=2)
     check_cuda_graphs(spec(True), Mode.NONE, data_parallel_size=2)
+
+
+def test_graphs_with_tensor_parallel_attention_are_rejected_naming_eager():
+    with pytest.raises(AFDConfigError, match=r"tensor_parallel_size 2 are not supported") as info:
+        check_cuda_graphs(spec(True), Mode.FULL_DECODE_ONLY, tensor_parallel_size=2)
+    assert "--enforce-eager" in str(info.value)
+    check_cuda_graphs(spec(True), Mode.NONE, tensor_parallel_size=2)

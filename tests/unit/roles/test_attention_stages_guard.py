@@ -37,6 +37,11 @@ def test_two_stages_under_cuda_graphs_are_refused_naming_the_mode() -> None:
     assert "--enforce-eager" in str(info.value)
 
 
+def test_two_stages_with_tensor_parallelism_are_refused() -> None:
+    with pytest.raises(AFDConfigError, match=r"tensor_parallel_size 2"):
+        check_num_stages(TWO_STAGES, "cpu", tensor_parallel_size=2)
+
+
 def test_two_stages_with_data_parallelism_are_refused() -> None:
     with pytest.raises(AFDConfigError, match=r"data_parallel_size 2") as info:
         check_num_stages(TWO_STAGES, "cpu", data_parallel_size=2)

@@ -73,7 +73,6 @@ def test_a_rank_outside_the_topology_is_rejected():
 @pytest.mark.parametrize(
     ("role", "layout", "fragment"),
     [
-        ("attention", {"tp": 2}, "tensor_parallel_size=2"),
         ("ffn", {"tp": 2}, "tensor_parallel_size=2"),
         ("attention", {"pp": 2}, "pipeline_parallel_size=2"),
         ("ffn", {"dp": 2}, "data_parallel_size=2"),
@@ -87,6 +86,14 @@ def test_unsupported_parallel_layouts_are_rejected_with_advice(role, layout, fra
 
 def test_data_parallel_attention_is_supported():
     roles.check_parallel_layout(make_config(attention=2), parallel(dp_rank=1, dp=2))
+
+
+def test_tensor_parallel_attention_is_supported_and_keeps_its_attention_rank():
+    config = make_config(attention=2)
+    roles.check_parallel_layout(config, parallel(dp_rank=1, dp=2, tp=2))
+    # Every TP rank of data-parallel replica 1 is attention rank 1.
+    for tp_rank in (0, 1):
+        assert roles.resolve_role_rank(config, parallel(dp_rank=1, dp=2, tp=2), tp_rank) == 1
 
 
 class Wrapper:

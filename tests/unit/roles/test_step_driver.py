@@ -280,3 +280,26 @@ def test_two_stages_never_begin_on_a_capturing_stream():
     with pytest.raises(AFDProtocolError, match="two-stage steps run eagerly"):
         driver.begin_stages((2, 2))
     assert connector.events == []
+
+
+def test_every_result_goes_through_share_output_before_the_model_gets_it():
+    """Attention TP: the leader's driver broadcasts each result to the other TP ranks."""
+    connector = RecordingConnector(make_config(), 0, WIRE)
+    forwards = [Forward()]
+    shared: list[FakeTensor] = []
+
+    def share(out: FakeTensor) -> FakeTensor:
+        shared.append(out)
+        return out
+
+    driver = StepDriver(
+        connector,
+        WIRE,
+        0,
+        step_slot=lambda: forwards[-1].kwargs,
+        is_capturing=FakeStream().is_capturing,
+        share_output=share,
+    )
+    driver.begin_step(3)
+    outputs = run_layers(driver, 3)
+    assert shared == outputs

@@ -41,18 +41,24 @@ def afd_validate(config: AFDConfig, vllm_config: Any) -> None:
     check_parallel_layout(config, parallel)
     platform = current_platform_name()
     if platform != "cuda":
-        check_num_stages(config, platform, parallel.data_parallel_size)
+        check_num_stages(
+            config, platform, parallel.data_parallel_size, parallel.tensor_parallel_size
+        )
         return
     cudagraph_mode = vllm_config.compilation_config.cudagraph_mode
     check_num_stages(
         config,
         platform,
         parallel.data_parallel_size,
+        parallel.tensor_parallel_size,
         use_v2_model_runner=vllm_config.use_v2_model_runner,
         cudagraph_mode=cudagraph_mode.name,
     )
     check_cuda_graphs(
-        get_registry().connector(config.connector), cudagraph_mode, parallel.data_parallel_size
+        get_registry().connector(config.connector),
+        cudagraph_mode,
+        parallel.data_parallel_size,
+        parallel.tensor_parallel_size,
     )
 
 
@@ -60,6 +66,7 @@ def check_num_stages(
     config: AFDConfig,
     platform: str,
     data_parallel_size: int = 1,
+    tensor_parallel_size: int = 1,
     *,
     use_v2_model_runner: bool = False,
     cudagraph_mode: str = "NONE",
@@ -90,6 +97,12 @@ def check_num_stages(
             "one stage per step; start the attention servers with --enforce-eager, or set "
             '"num_stages": 1 on both roles'
         )
+    if tensor_parallel_size > 1:
+        raise AFDConfigError(
+            f"{prefix} with tensor_parallel_size {tensor_parallel_size} is not supported by "
+            "the AFD attention role yet (the stage threads of the TP ranks would have to "
+            'take turns in step); set "num_stages": 1 on both roles'
+        )
     if data_parallel_size > 1:
         raise AFDConfigError(
             f"{prefix} with data_parallel_size {data_parallel_size} is not supported by the "
@@ -105,15 +118,19 @@ WHOLE_FORWARD_MODES = ("NONE", "FULL", "FULL_DECODE_ONLY")
 
 
 def check_cuda_graphs(
-    connector: ConnectorSpec, cudagraph_mode: Any, data_parallel_size: int = 1
+    connector: ConnectorSpec,
+    cudagraph_mode: Any,
+    data_parallel_size: int = 1,
+    tensor_parallel_size: int = 1,
 ) -> None:
     """Raise AFDConfigError when vLLM would capture the exchange in a CUDA graph it cannot join.
 
     ``cudagraph_mode`` is vLLM's resolved ``CUDAGraphMode`` (anything whose ``name`` is
     ``"NONE"`` captures nothing). The exchange op runs inside every decoder layer, so a
     captured mode needs a connector with ``supports_cuda_graphs``, a mode of whole-forward
-    graphs (:data:`WHOLE_FORWARD_MODES`) and no data parallelism (its idle-rank dummy
-    forwards replay graphs outside the runner's announcement; not supported yet).
+    graphs (:data:`WHOLE_FORWARD_MODES`), no data parallelism (its idle-rank dummy
+    forwards replay graphs outside the runner's announcement) and no tensor parallelism
+    (the TP broadcast of each result has not run inside a graph); not supported yet.
     """
     mode = getattr(cudagraph_mode, "name", str(cudagraph_mode))
     if mode == "NONE":
@@ -137,4 +154,10 @@ def check_cuda_graphs(
             f"AFD config: CUDA graphs (cudagraph_mode {mode}) with data_parallel_size "
             f"{data_parallel_size} are not supported by the AFD attention role yet; pass "
             "--enforce-eager, or run each attention rank as its own server (role_rank)"
+        )
+    if tensor_parallel_size > 1:
+        raise AFDConfigError(
+            f"AFD config: CUDA graphs (cudagraph_mode {mode}) with tensor_parallel_size "
+            f"{tensor_parallel_size} are not supported by the AFD attention role yet; pass "
+            "--enforce-eager to the attention deployment"
         )

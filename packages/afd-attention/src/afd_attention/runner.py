@@ -42,6 +42,7 @@ from typing import Any
 
 from afd_attention.stage_scheduler import NUM_STAGES
 from afd_attention.step_driver import METADATA_KEY, SCHEDULED, StepDriver, StepFlags
+from afd_attention.tensor_parallel import TPFollower
 from afd_attention.two_stages import TwoStageForward
 from afd_core.errors import AFDError
 from afd_core.stages import StageSlice
@@ -53,12 +54,13 @@ PROFILE = StepFlags(is_profile=True)
 
 
 class _DriverHolder:
-    #: Set by the attention worker after the model is loaded and the connector is up.
-    afd_driver: StepDriver | None = None
+    #: Set by the attention worker after the model is loaded and the connector is up (a
+    #: TPFollower on a tensor-parallel rank other than the leader).
+    afd_driver: StepDriver | TPFollower | None = None
     #: Set with the driver when steps run two stages (``"num_stages": 2``).
     afd_stages: TwoStageForward | None = None
 
-    def _afd_require_driver(self) -> StepDriver:
+    def _afd_require_driver(self) -> StepDriver | TPFollower:
         driver = self.afd_driver
         if driver is None:
             raise AFDError(

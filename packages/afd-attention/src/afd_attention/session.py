@@ -1,11 +1,14 @@
 """The AFD side of one attention worker: its connector and step driver, opened and closed.
 
-Shared by every attention worker (CPU and CUDA): a worker calls
-:meth:`AttentionSession.open` right after its model is loaded and
-:meth:`AttentionSession.close` when it shuts down. When the connector's peer watch finds
-an FFN rank gone (crashed, killed, silent, or stopped), the session ends the worker
-process (:func:`afd_core.workers.process_exit.exit_worker_process`): an attention rank cannot
-serve without its FFN ranks, and vLLM stops the deployment when a worker exits.
+Shared by every attention worker (CPU and CUDA): a worker calls :func:`open_session`
+right after its model is loaded and the session's ``close`` when it shuts down. With
+attention tensor parallelism only TP rank 0 opens an :class:`AttentionSession` (the
+connector, and a step driver that broadcasts each result over the TP group); the other
+TP ranks open a :class:`TPFollowerSession` (:mod:`afd_attention.tensor_parallel`). When
+the connector's peer watch finds an FFN rank gone (crashed, killed, silent, or stopped),
+the session ends the worker process (:func:`afd_core.workers.process_exit.exit_worker_process`):
+an attention rank cannot serve without its FFN ranks, and vLLM stops the deployment
+(every TP rank with it) when a worker exits.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import logging
 from typing import Any
 
 from afd_attention.step_driver import StepDriver
+from afd_attention.tensor_parallel import TP_LEADER, TPFollower, tp_broadcast
 from afd_attention.two_stages import TwoStageForward
 from afd_core.connector import Connector
 from afd_core.errors import AFDPeerError
@@ -37,12 +41,31 @@ class AttentionSession:
         self.driver = driver
         self.stages = stages
 
+    @property
+    def role_rank(self) -> int:
+        """This worker's attention rank."""
+        return self.connector.role_rank
+
+    def stats(self) -> dict[str, Any]:
+        """``afd_stats``: the steps done, of them those of two stages, the seconds waited
+        for FFN results (:attr:`StepDriver.exchange_wait_s`) and the endpoint's counters."""
+        return {
+            "steps": self.driver.completed_steps,
+            "two_stage_steps": self.driver.two_stage_steps,
+            "exchange_wait_s": self.driver.exchange_wait_s,
+            "endpoint": self.connector.attention.stats(),
+        }
+
     @classmethod
-    def open(cls, vllm_config: Any, runner: Any, tp_rank: int) -> AttentionSession:
+    def open(
+        cls, vllm_config: Any, runner: Any, tp_rank: int, tp_size: int = 1
+    ) -> AttentionSession:
         """Rendezvous with FFN and route the model's exchanges through a new step driver.
 
         ``runner`` is the worker's model runner (an
-        :class:`~afd_attention.runner.AttentionRunnerMixin`) with its model loaded.
+        :class:`~afd_attention.runner.AttentionRunnerMixin`) with its model loaded; with
+        ``tp_size`` > 1 this is the TP leader, whose step driver broadcasts every result
+        to the other TP ranks.
         Blocks until the FFN ranks are there, at most ``afd_process_group_timeout_s``.
         Raises AFDConfigError for a missing config, a model that is not an AFD wrapper or
         an unsupported layout (:func:`~afd_core.workers.setup.role_worker_setup`);
@@ -76,6 +99,7 @@ class AttentionSession:
                 role_rank,
                 exchange_layers=model.afd_exchange_layers(),
                 after_send=(lambda: None) if stages is None else stages.checkpoint,
+                share_output=tp_broadcast if tp_size > 1 else (lambda out: out),
             )
         except BaseException:
             connector.close()
@@ -104,6 +128,59 @@ class AttentionSession:
         self.connector.close()
         if self.stages is not None:
             self.stages.close()
+
+
+class TPFollowerSession:
+    """A TP rank other than the leader: no connector; the model's exchanges take the
+    leader's broadcast results (:class:`~afd_attention.tensor_parallel.TPFollower`)."""
+
+    def __init__(self, follower: TPFollower, role_rank: int, tp_rank: int) -> None:
+        self.follower = follower
+        self.role_rank = role_rank
+        self.tp_rank = tp_rank
+
+    @classmethod
+    def open(cls, vllm_config: Any, runner: Any, tp_rank: int) -> TPFollowerSession:
+        """Install a :class:`TPFollower` as ``runner``'s driver and the model's exchanger.
+
+        Raises AFDConfigError as :meth:`AttentionSession.open` does for a missing config
+        or a model that is not an AFD wrapper; opens nothing.
+        """
+        from afd_models.exchange_op import set_exchanger
+
+        setup = role_worker_setup(vllm_config, runner.get_model(), "attention", tp_rank)
+        follower = TPFollower()
+        runner.afd_driver = follower
+        runner.afd_stages = None
+        set_exchanger(follower)
+        logger.info(
+            "AFD attention rank %d, TP rank %d: takes each layer's FFN result from TP rank "
+            "%d's broadcast",
+            setup.role_rank,
+            tp_rank,
+            TP_LEADER,
+        )
+        return cls(follower, setup.role_rank, tp_rank)
+
+    def stats(self) -> dict[str, Any]:
+        """``afd_stats``: this TP rank and the exchanges it took from the leader."""
+        return {"tensor_parallel_rank": self.tp_rank, "exchanges": self.follower.exchanges}
+
+    def close(self) -> None:
+        """Stop routing exchanges here (idempotent)."""
+        from afd_models.exchange_op import set_exchanger
+
+        set_exchanger(None)
+
+
+def open_session(
+    vllm_config: Any, runner: Any, tp_rank: int, tp_size: int
+) -> AttentionSession | TPFollowerSession:
+    """The session of TP rank ``tp_rank`` of ``tp_size``: the leader's
+    :class:`AttentionSession`, or a :class:`TPFollowerSession` (see the module docstring)."""
+    if tp_rank == TP_LEADER:
+        return AttentionSession.open(vllm_config, runner, tp_rank, tp_size)
+    return TPFollowerSession.open(vllm_config, runner, tp_rank)
 
 
 def _end_worker(error: AFDPeerError) -> None:

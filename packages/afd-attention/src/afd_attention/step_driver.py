@@ -107,7 +107,9 @@ class StepDriver:
     ``additional_kwargs`` dict and ``is_capturing`` tells whether the current stream is
     being captured (defaults: :func:`forward_context_kwargs`, :func:`stream_is_capturing`).
     ``after_send`` runs between the send and the receive of every exchange (a two-stage
-    step's checkpoint; default: nothing).
+    step's checkpoint; default: nothing). ``share_output`` gets every exchange's result
+    before it is returned and returns what the model gets (attention TP: the broadcast
+    to the other TP ranks, :mod:`afd_attention.tensor_parallel`; default: the result).
 
     Not thread-safe: one thread at a time (vLLM's worker thread, or the stage thread that
     holds the turn of a two-stage step).
@@ -123,6 +125,7 @@ class StepDriver:
         step_slot: Callable[[], dict[str, Any]] = forward_context_kwargs,
         is_capturing: Callable[[], bool] = stream_is_capturing,
         after_send: Callable[[], None] = lambda: None,
+        share_output: Callable[[Any], Any] = lambda out: out,
     ) -> None:
         layers = tuple(wire.exchange_layers if exchange_layers is None else exchange_layers)
         if layers != wire.exchange_layers:
@@ -138,6 +141,7 @@ class StepDriver:
         self._step_slot = step_slot
         self._is_capturing = is_capturing
         self._after_send = after_send
+        self._share_output = share_output
         self._next_step_id = 0
         #: The step begun last (None before the first, and after a replay).
         self._active: AFDStepMetadata | None = None
@@ -274,6 +278,7 @@ class StepDriver:
         with afd_range(ATTENTION_WAIT, layer):
             out = endpoint.recv(layer, stage)
         self.exchange_wait_s += time.perf_counter() - waiting_since
+        out = self._share_output(out)
         if layer == self._layers[-1]:  # the endpoint took every layer before it, in order
             self._stages_done += 1
             if self._stages_done == metadata.num_stages:

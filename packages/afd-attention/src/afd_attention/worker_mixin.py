@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from afd_attention.session import AttentionSession
+from afd_attention.session import AttentionSession, TPFollowerSession, open_session
 from afd_core.errors import AFDError
 from afd_core.workers.profiling import busy, set_ranges_enabled, trace_prefix
 
@@ -28,33 +28,33 @@ from afd_core.workers.profiling import busy, set_ranges_enabled, trace_prefix
 class AttentionWorkerMixin:
     """Opens the AFD session after the model loads and closes it at shutdown."""
 
-    _afd_session: AttentionSession | None = None
+    _afd_session: AttentionSession | TPFollowerSession | None = None
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
-        """Load the model, then connect to FFN (bounded by the AFD timeout)."""
-        from vllm.distributed import get_tensor_model_parallel_rank
+        """Load the model, then connect to FFN (bounded by the AFD timeout; TP rank 0
+        only: the other TP ranks take its results, :mod:`afd_attention.tensor_parallel`)."""
+        from vllm.distributed import (
+            get_tensor_model_parallel_rank,
+            get_tensor_model_parallel_world_size,
+        )
 
         super().load_model(*args, **kwargs)  # type: ignore[misc]
-        self._afd_session = AttentionSession.open(
+        self._afd_session = open_session(
             self.vllm_config,  # type: ignore[attr-defined]
             self.model_runner,  # type: ignore[attr-defined]
             get_tensor_model_parallel_rank(),
+            get_tensor_model_parallel_world_size(),
         )
 
     def afd_stats(self) -> dict[str, Any]:
-        """``{"steps": completed steps, "two_stage_steps": those of two stages,
-        "exchange_wait_s": seconds waited for the FFN role's results (see
-        :attr:`~afd_attention.step_driver.StepDriver.exchange_wait_s`), "endpoint": the
-        attention endpoint's counters}``."""
+        """The session's counters: on the attention rank (TP rank 0) the steps, two-stage
+        steps, seconds waited for FFN results and the endpoint's counters
+        (:meth:`AttentionSession.stats`); on another TP rank its rank and the exchanges
+        it took from the leader (:meth:`TPFollowerSession.stats`)."""
         session = self._afd_session
         if session is None:
             raise AFDError("AFD attention: not connected to the FFN role yet (model loading)")
-        return {
-            "steps": session.driver.completed_steps,
-            "two_stage_steps": session.driver.two_stage_steps,
-            "exchange_wait_s": session.driver.exchange_wait_s,
-            "endpoint": session.connector.attention.stats(),
-        }
+        return session.stats()
 
     def profile(
         self, is_start: bool = True, profile_prefix: str | None = None, **kwargs: Any
@@ -63,7 +63,7 @@ class AttentionWorkerMixin:
         the AFD ranges on for the profile (off again when it stops)."""
         session = self._afd_session
         if is_start and session is not None:
-            profile_prefix = trace_prefix("attention", session.connector.role_rank, profile_prefix)
+            profile_prefix = trace_prefix("attention", session.role_rank, profile_prefix)
         if is_start:
             super().profile(is_start, profile_prefix, **kwargs)  # type: ignore[misc]
             set_ranges_enabled(True)

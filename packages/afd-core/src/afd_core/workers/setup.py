@@ -33,14 +33,18 @@ def check_parallel_layout(config: AFDConfig, parallel_config: Any) -> None:
     """Raise AFDConfigError for a vLLM parallel layout the role workers cannot run yet.
 
     ``parallel_config`` is vLLM's ``ParallelConfig`` (``tensor_parallel_size``,
-    ``pipeline_parallel_size``, ``data_parallel_size``). Both roles need tensor and
-    pipeline parallel size 1 (an attention rank is one data-parallel group whose TP rank
-    0 would talk to FFN; the TP broadcast of the FFN result is not written yet). The FFN
-    role also needs data parallel size 1: its MoE runs outside vLLM's scheduler, so
-    vLLM's data-parallel MoE collectives would wait for steps that never come; start
-    one FFN server per FFN rank with ``role_rank`` instead.
+    ``pipeline_parallel_size``, ``data_parallel_size``). Both roles need pipeline
+    parallel size 1. The attention role may use tensor parallelism (an attention rank is
+    one data-parallel replica whose TP rank 0 talks to FFN and broadcasts each result to
+    the other TP ranks); the FFN role needs tensor parallel size 1, and data parallel
+    size 1: its MoE runs outside vLLM's scheduler, so vLLM's data-parallel MoE
+    collectives would wait for steps that never come; start one FFN server per FFN rank
+    with ``role_rank`` instead.
     """
-    for key in ("tensor_parallel_size", "pipeline_parallel_size"):
+    keys = ["pipeline_parallel_size"]
+    if config.role == "ffn":
+        keys.insert(0, "tensor_parallel_size")
+    for key in keys:
         size = getattr(parallel_config, key)
         if size != 1:
             raise AFDConfigError(
