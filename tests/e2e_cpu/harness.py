@@ -16,6 +16,7 @@ Every wait is bounded: server start by :data:`SERVER_START_TIMEOUT_S`, requests 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -239,6 +240,8 @@ class MonolithicServers:
             (port,) = free_ports(1)
             mode = "eager" if enforce_eager else "compiled"
             suffix = "".join(f"-{k}={v}" for k, v in env)
+            if args != self.extra_args:  # its own log: name the arguments by their digest
+                suffix += "-args-" + hashlib.sha256("\0".join(args).encode()).hexdigest()[:8]
             spec = ServerSpec(
                 name=f"monolithic-{Path(model).name}-{mode}{suffix}",
                 model=Path(model),

@@ -49,8 +49,10 @@ class DeploymentSpec:
     vLLM command line and ``extra_env`` into every server's environment (last, so it wins;
     e.g. ``VLLM_USE_V2_MODEL_RUNNER``); ``role_env[role]`` goes on top of it for the
     servers of that role only (e.g. ``CUDA_VISIBLE_DEVICES`` to put each role on its own
-    GPU). ``max_num_seqs`` goes to every server (vLLM's ``--max-num-seqs``: the most
-    requests a step batches). ``num_stages``, ``stage_decode_token_threshold``,
+    GPU), and ``role_args[role]`` after ``extra_args`` on their command lines (e.g.
+    ``("--tensor-parallel-size", "2")`` for the attention role). ``max_num_seqs`` goes
+    to every server (vLLM's ``--max-num-seqs``: the most requests a step batches).
+    ``num_stages``, ``stage_decode_token_threshold``,
     ``stage_prefill_token_threshold``, ``afd_process_group_timeout_s`` and
     ``connector_extra_config``: the AFD config keys of those names, on every server (None
     / empty: their defaults). ``rendezvous_secret`` goes into every server's environment
@@ -75,6 +77,7 @@ class DeploymentSpec:
     extra_args: tuple[str, ...] = ()
     extra_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     role_env: Mapping[Role, Mapping[str, str]] = field(default_factory=lambda: MappingProxyType({}))
+    role_args: Mapping[Role, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
     num_stages: int = 1
     stage_decode_token_threshold: int | None = None
@@ -132,7 +135,7 @@ class DeploymentSpec:
                         max_num_seqs=self.max_num_seqs,
                         additional_config={"afd": settings},
                         dev_mode=True,
-                        extra_args=self.extra_args,
+                        extra_args=(*self.extra_args, *self.role_args.get(role, ())),
                         extra_env={
                             **secret_env,
                             **self.extra_env,

