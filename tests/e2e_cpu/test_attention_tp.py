@@ -4,11 +4,11 @@
 TP rank 0 of the attention server is the attention rank: it exchanges with the FFN role
 and broadcasts each result over vLLM's TP group; TP rank 1 takes it from there
 (:mod:`afd_attention.tensor_parallel`). Cases: 1A1F over ``P2pGlooAFDConnector`` with
-each tiny model, and 1A2F over ``DeepEPM2NAFDConnector`` (gloo). Greedy tokens equal
-monolithic vLLM's at the same TP, top-5 logprobs within the suite's tolerance (twice it
-for the expert-routed case, as in test_expert_routed.py); every FFN rank served each step
-once (its step and layer counts are the leader's, not twice them), and TP rank 1 took
-one broadcast per exchange the leader made.
+each tiny model, and 1A2F over ``DeepEPM2NAFDConnector`` (gloo) with tiny Qwen3-MoE.
+Greedy tokens equal monolithic vLLM's at the same TP, top-5 logprobs within the suite's
+tolerance (twice it for the expert-routed case, as in test_expert_routed.py); every FFN
+rank served each step once (its step and layer counts are the leader's, not twice
+them), and TP rank 1 took one broadcast per exchange the leader made.
 """
 
 from __future__ import annotations
@@ -51,9 +51,11 @@ class Case:
         return f"{self.connector}-{self.model}-1A{self.num_ffn_ranks}F-attention-tp2"
 
 
+#: CI runs the Qwen3-MoE cases (they share one monolithic TP 2 server); the DeepSeek-V2
+#: one (MLA) carries the ``extended`` mark (``nox -s e2e_extended``).
 CASES = [
     Case("tiny-qwen3-moe"),
-    Case("tiny-deepseek-v2"),
+    pytest.param(Case("tiny-deepseek-v2"), marks=pytest.mark.extended),
     Case("tiny-qwen3-moe", "DeepEPM2NAFDConnector", num_ffn_ranks=2),
 ]
 
