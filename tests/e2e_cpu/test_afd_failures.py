@@ -241,6 +241,8 @@ def test_a_frozen_ffn_fails_the_streaming_request_in_flight_within_seconds(
 
 #: Requests streamed at once in the two-stage failure test: every decode step splits.
 TWO_STAGE_STREAMS = 4
+#: Seconds the two-stage failure test waits for the first split step before its kill.
+TWO_STAGE_WAIT_S = 30.0
 
 
 def test_an_ffn_killed_during_two_stage_steps_ends_every_request_within_seconds(
@@ -266,7 +268,13 @@ def test_an_ffn_killed_during_two_stage_steps_ends_every_request_within_seconds(
         split_steps: list[int] = []
 
         def kill_ffn() -> None:
-            (stats,) = deployment.attention_stats()  # the steps so far split in two
+            # Once steps have split (the other streams may start a little later).
+            deadline = time.monotonic() + TWO_STAGE_WAIT_S
+            while True:
+                (stats,) = deployment.attention_stats()
+                if stats["two_stage_steps"] > 0 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
             split_steps.append(stats["two_stage_steps"])
             os.killpg(ffn.pid, signal.SIGKILL)
             killed.set()

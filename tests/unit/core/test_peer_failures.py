@@ -24,9 +24,13 @@ def test_a_peer_that_closed_is_named_when_nothing_else_failed(monkeypatch):
     assert "layer 2 of step 0" in message and "[pair closed]" in message
 
 
-def test_a_crash_reported_during_the_grace_is_named_instead_of_the_peer_that_closed():
+def test_a_crash_reported_during_the_grace_is_named_instead_of_the_peer_that_closed(
+    monkeypatch,
+):
     """FFN rank 1 is killed; FFN rank 0 fails because of it and closes. The attention
-    rank's wait on FFN rank 0 ends first; its peer watch reports FFN rank 1 a moment later."""
+    rank's wait on FFN rank 0 ends first; its peer watch reports FFN rank 1 a moment later.
+    (A long grace: the wait ends when the report comes, however late the timer fires.)"""
+    monkeypatch.setattr(failures_module, "ROOT_CAUSE_GRACE_S", 30.0)
     fuse = Fuse("attention")
     crash = AFDPeerError("AFD: FFN rank 1 (world rank 1) is gone: its process ended")
     threading.Timer(0.05, fuse.blow, (crash,)).start()

@@ -40,26 +40,25 @@ def afd_validate(config: AFDConfig, vllm_config: Any) -> None:
     parallel = vllm_config.parallel_config
     check_parallel_layout(config, parallel)
     platform = current_platform_name()
-    if platform != "cuda":
-        check_num_stages(
-            config, platform, parallel.data_parallel_size, parallel.tensor_parallel_size
-        )
-        return
+    on_cuda = platform == "cuda"
     cudagraph_mode = vllm_config.compilation_config.cudagraph_mode
     check_num_stages(
         config,
         platform,
         parallel.data_parallel_size,
         parallel.tensor_parallel_size,
-        use_v2_model_runner=vllm_config.use_v2_model_runner,
-        cudagraph_mode=cudagraph_mode.name,
+        # Read on CUDA only: vLLM's runner property logs a warning where Triton is
+        # missing, and other platforms capture no CUDA graphs.
+        use_v2_model_runner=on_cuda and vllm_config.use_v2_model_runner,
+        cudagraph_mode=cudagraph_mode.name if on_cuda else "NONE",
     )
-    check_cuda_graphs(
-        get_registry().connector(config.connector),
-        cudagraph_mode,
-        parallel.data_parallel_size,
-        parallel.tensor_parallel_size,
-    )
+    if on_cuda:
+        check_cuda_graphs(
+            get_registry().connector(config.connector),
+            cudagraph_mode,
+            parallel.data_parallel_size,
+            parallel.tensor_parallel_size,
+        )
 
 
 def check_num_stages(

@@ -63,7 +63,7 @@ class TwoStageForward:
         import torch
 
         num_threads = torch.get_num_threads()
-        on_cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        on_cuda = torch.cuda.is_initialized()  # False on CPU builds; no driver call
         device = torch.cuda.current_device() if on_cuda else None
         stream = torch.cuda.current_stream() if on_cuda else None
 

@@ -41,9 +41,9 @@ def check_parallel_layout(config: AFDConfig, parallel_config: Any) -> None:
     collectives would wait for steps that never come; start one FFN server per FFN rank
     with ``role_rank`` instead.
     """
-    keys = ["pipeline_parallel_size"]
+    keys = ("pipeline_parallel_size",)
     if config.role == "ffn":
-        keys.insert(0, "tensor_parallel_size")
+        keys = ("tensor_parallel_size", *keys)
     for key in keys:
         size = getattr(parallel_config, key)
         if size != 1:

@@ -1,0 +1,57 @@
+"""afd-attention's start-up checks (its ``afd_validate`` hook) against a fake vLLM config:
+what it reads on each platform (the stage and graph rules themselves are in
+test_attention_stages_guard.py and test_attention_cuda_graph_guard.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+
+from afd_attention import hooks
+from afd_core.errors import AFDConfigError
+from tests.unit.roles.fakes import make_config
+
+TWO_STAGES = replace(make_config("attention"), num_stages=2)
+
+
+class NoRunnerProperty:
+    """A vLLM config whose ``use_v2_model_runner`` must not be read (off CUDA)."""
+
+    def __init__(self, cudagraph_mode: object) -> None:
+        self.parallel_config = SimpleNamespace(
+            tensor_parallel_size=1, pipeline_parallel_size=1, data_parallel_size=1
+        )
+        self.compilation_config = SimpleNamespace(cudagraph_mode=cudagraph_mode)
+
+    @property
+    def use_v2_model_runner(self) -> bool:
+        raise AssertionError("use_v2_model_runner read off CUDA")
+
+
+class CudaConfig(NoRunnerProperty):
+    def __init__(self, cudagraph_mode: str, use_v2: bool) -> None:
+        super().__init__(SimpleNamespace(name=cudagraph_mode))
+        self._use_v2 = use_v2
+
+    @property
+    def use_v2_model_runner(self) -> bool:
+        return self._use_v2
+
+
+def test_off_cuda_two_stages_pass_without_reading_the_runner_or_graph_mode(monkeypatch):
+    monkeypatch.setattr(hooks, "current_platform_name", lambda: "cpu")
+    hooks.afd_validate(config=TWO_STAGES, vllm_config=NoRunnerProperty(cudagraph_mode=None))
+
+
+def test_on_cuda_two_stages_need_the_v1_runner_and_eager_forwards(monkeypatch):
+    monkeypatch.setattr(hooks, "current_platform_name", lambda: "cuda")
+    monkeypatch.setattr(hooks, "get_registry", lambda: SimpleNamespace(connector=lambda n: None))
+    hooks.afd_validate(config=TWO_STAGES, vllm_config=CudaConfig("NONE", use_v2=False))
+    with pytest.raises(AFDConfigError, match="VLLM_USE_V2_MODEL_RUNNER=0"):
+        hooks.afd_validate(config=TWO_STAGES, vllm_config=CudaConfig("NONE", use_v2=True))
+    with pytest.raises(AFDConfigError, match="--enforce-eager"):
+        hooks.afd_validate(
+            config=TWO_STAGES, vllm_config=CudaConfig("FULL_DECODE_ONLY", use_v2=False)
+        )
