@@ -82,7 +82,7 @@ CASES = [
 ]
 
 
-def _moe_shape(model: Path) -> tuple[int, list[int]]:
+def moe_shape(model: Path) -> tuple[int, list[int]]:
     """(routed experts, MoE layers) of a tiny checkpoint, as Hugging Face reads its config."""
     from transformers import AutoConfig
 
@@ -123,7 +123,7 @@ def test_expert_routed_afd_serves_the_same_tokens_as_monolithic_vllm(
         problem = first_mismatch(reference, afd, atol=LOGPROB_ATOL, rtol=EXPERT_ROUTED_RTOL)
         assert problem is None, problem
 
-    num_experts, moe_layers = _moe_shape(model)
+    num_experts, moe_layers = moe_shape(model)
     placement = ExpertPlacement(num_experts, NUM_FFN_RANKS)
     for rank, stats in enumerate(ffn_stats):
         endpoint = stats["endpoint"]

@@ -45,6 +45,6 @@ def test_differences_name_both_values_of_every_differing_field():
 
 def test_a_header_refuses_an_unknown_op_or_dtype():
     with pytest.raises(ValueError, match="op must be one of"):
-        MessageHeader("dispatch", 0, 0, 1, 0, 8, "bfloat16")  # type: ignore[arg-type]
+        MessageHeader("scatter", 0, 0, 1, 0, 8, "bfloat16")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="int8"):
         MessageHeader("a2e", 0, 0, 1, 0, 8, "int8")

@@ -1,20 +1,22 @@
 """The header in front of every message of the CPU reference kernels.
 
-Every ``a2e`` / ``e2a`` message between two ranks is a fixed :data:`MessageHeader.SIZE`
+Every message between two ranks (``a2e`` / ``e2a``, and the CAM async ``dispatch`` /
+``combine``) is a fixed :data:`MessageHeader.SIZE`
 byte header, followed (when it carries rows) by one body message whose size the header
 gives: the receiver posts the header receive first and sizes the body receive from it,
 so no message can be larger than the receive it lands in (gloo aborts the process on
 that). The header says which call it belongs to (``seq``: the call number of the sender
 on this group with this peer, which the receiver's own count must equal), which op sent
 it, who sent it to whom (world ranks), how many rows follow, their hidden size and
-dtype, and the routing (``topk``, ``gated``) that travels with them. The receiver
+dtype, the routing (``topk``, ``gated``) that travels with them and, for the CAM async
+messages, the decoder layer they belong to (``layer``). The receiver
 compares it with what it expects and raises :class:`~afd_core.errors.AFDProtocolError`
 naming both views.
 
 Layout (little endian): magic ``b"AFDA"``, version u16, op u8, dtype u8 (a code of
 :data:`afd_core.metadata.WIRE_DTYPES`), seq u64, source u32, destination u32, rows u32,
-hidden size u32, topk u16, flags u16 (bit 0: expert ids and scales follow the rows);
-zero padding to 64 bytes. Pure Python: no torch.
+hidden size u32, topk u16, flags u16 (bit 0: expert ids and scales follow the rows),
+layer u32; zero padding to 64 bytes. Pure Python: no torch.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from typing import ClassVar, Literal
 from afd_core.errors import AFDProtocolError
 from afd_core.metadata import WIRE_DTYPES
 
-Op = Literal["a2e", "e2a"]
-OPS: dict[str, int] = {"a2e": 1, "e2a": 2}
+Op = Literal["a2e", "e2a", "dispatch", "combine"]
+OPS: dict[str, int] = {"a2e": 1, "e2a": 2, "dispatch": 3, "combine": 4}
 _OP_NAMES = {code: name for name, code in OPS.items()}
 _DTYPE_NAMES = {code: name for name, code in WIRE_DTYPES.items()}
 _GATED = 1
@@ -39,8 +41,8 @@ class MessageHeader:
 
     SIZE: ClassVar[int] = 64
     MAGIC: ClassVar[bytes] = b"AFDA"
-    VERSION: ClassVar[int] = 1
-    LAYOUT: ClassVar[struct.Struct] = struct.Struct("<4sHBBQIIIIHH")
+    VERSION: ClassVar[int] = 2
+    LAYOUT: ClassVar[struct.Struct] = struct.Struct("<4sHBBQIIIIHHI")
 
     op: Op
     seq: int
@@ -51,6 +53,7 @@ class MessageHeader:
     dtype: str
     topk: int = 0
     gated: bool = False
+    layer: int = 0
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
@@ -74,6 +77,7 @@ class MessageHeader:
             self.hidden_size,
             self.topk,
             _GATED if self.gated else 0,
+            self.layer,
         )
         return packed.ljust(self.SIZE, b"\0")
 
@@ -84,7 +88,7 @@ class MessageHeader:
             raise AFDProtocolError(
                 f"afd_ascend: a header is {cls.SIZE} bytes, this message has {len(data)}"
             )
-        magic, version, op, dtype, seq, source, dest, rows, hidden, topk, flags = (
+        magic, version, op, dtype, seq, source, dest, rows, hidden, topk, flags, layer = (
             cls.LAYOUT.unpack_from(data)
         )
         if magic != cls.MAGIC:
@@ -112,6 +116,7 @@ class MessageHeader:
             dtype=_DTYPE_NAMES[dtype],
             topk=topk,
             gated=bool(flags & _GATED),
+            layer=layer,
         )
 
     def differences(self, expected: MessageHeader, *, ignore: tuple[str, ...] = ()) -> list[str]:

@@ -13,15 +13,14 @@ Pure Python, thread-safe.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
+from typing import TypeVar
 
 from afd_core.errors import AFDError, AFDShutdown
 
-if TYPE_CHECKING:
-    from afd_ascend_ops.reference.group import ReferenceGroup
+G = TypeVar("G")
 
 _lock = threading.Lock()
-_groups: dict[str, ReferenceGroup] = {}
+_groups: dict[str, object] = {}
 _closed: set[str] = set()
 
 
@@ -29,7 +28,7 @@ class UnknownGroupError(AFDError, LookupError):
     """An op names a group that was never registered in this process."""
 
 
-def register(name: str, group: ReferenceGroup) -> None:
+def register(name: str, group: object) -> None:
     """Make ``group`` the group of ``name``; ValueError when the name is or was in use."""
     with _lock:
         if name in _groups or name in _closed:
@@ -44,15 +43,22 @@ def unregister(name: str) -> None:
             _closed.add(name)
 
 
-def lookup(name: str) -> ReferenceGroup:
-    """The group registered as ``name``.
+def lookup(name: str, kind: type[G]) -> G:
+    """The group registered as ``name``, which must be a ``kind`` (the group class of the
+    calling op's family).
 
     Raises AFDShutdown when its provider closed it, UnknownGroupError when no provider
-    of this process registered it.
+    of this process registered it, AFDError when it is a group of the other op family.
     """
     group = _groups.get(name)
-    if group is not None:
+    if isinstance(group, kind):
         return group
+    if group is not None:
+        raise AFDError(
+            f"afd_ascend: the group {name!r} is a {type(group).__name__}, not a "
+            f"{kind.__name__}: a2e/e2a run on the groups of CAMP2P's provider, the CAM async "
+            "ops on those of CAM async's"
+        )
     if name in _closed:
         raise AFDShutdown(f"afd_ascend: the group {name!r} was closed (its op provider is closed)")
     raise UnknownGroupError(

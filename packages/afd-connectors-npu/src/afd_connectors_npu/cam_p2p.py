@@ -22,10 +22,10 @@ never travel.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, ClassVar
 
 from afd_connectors_npu.cam_ops import CamP2pOps
+from afd_connectors_npu.op_calls import call_op
 from afd_core.assembly import AttentionSide, FFNSide, OpPlane, Pattern, StepAnnouncer, StepSource
 from afd_core.connector import (
     AttentionEndpoint,
@@ -34,12 +34,9 @@ from afd_core.connector import (
     FFNLayerBatch,
     FFNStep,
 )
-from afd_core.errors import AFDError, AFDProtocolError, AFDShutdown
+from afd_core.errors import AFDProtocolError
 from afd_core.failures import Fuse, guarded, guarded_until_closed, layer_of_step
 from afd_core.step_exchanges import StepExchanges
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 if TYPE_CHECKING:
     import torch
@@ -227,25 +224,6 @@ class CamP2pFFNEndpoint(FFNEndpoint):
             received[1], self._groups[batch.stage],
         )  # fmt: skip
         self._exchanges.finish()
-
-
-def call_op(fuse: Fuse, doing: str, op: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-    """``op(*args)`` while this rank waits for ``doing`` (``"layer 3 of step 17"``).
-
-    An op woken by an interrupt raises the connector's failure when a lost peer caused
-    it (AFDShutdown only when the connector was closed); that failure and the op's own
-    AFD errors (which name the op call and its group, not the step) get "(while waiting
-    for <doing>)" appended, the wording of afd-core's endpoints.
-    """
-    try:
-        return op(*args, **kwargs)
-    except AFDShutdown:
-        if fuse.failure is None:
-            raise
-        error: AFDError = fuse.failure
-    except AFDError as exc:
-        error = exc
-    raise type(error)(f"{error} (while waiting for {doing})") from None
 
 
 def layer_of_ffn_step(layer: int, step: FFNStep) -> str:

@@ -1,6 +1,7 @@
-"""``CAMP2pAFDConnector``: P2P block exchange with the ``a2e``/``e2a`` ops as data plane.
+"""The Ascend connectors, each a recipe (:mod:`afd_core.assembly`) and its config parsing.
 
-Its recipe (:mod:`afd_core.assembly`): one world of every rank (the op groups span it),
+``CAMP2pAFDConnector``: P2P block exchange with the ``a2e``/``e2a`` ops as data plane. Its
+recipe (:mod:`afd_core.assembly`): one world of every rank (the op groups span it),
 steps announced by the attention ranks on afd-core's control channel, an op plane whose
 provider opens one group per stage, the CAM P2P pattern
 (:mod:`afd_connectors_npu.cam_p2p`). On CPU the provider is afd-ascend-ops' reference
@@ -11,6 +12,17 @@ Rules: the gate runs on the FFN role (``compute_gate_on_attention`` must be fals
 ops carry no routing; its registration says so, so config validation and ``afd check``
 refuse true); ``connector_extra_config`` takes ``core_num``, ``attn_core_num``,
 ``ffn_core_num`` and ``quant_mode`` (0), see :mod:`afd_connectors_npu.extra_config`.
+
+``CAMAsyncAFDConnector``: expert-routed dispatch and combine with the CAM async ops as
+data plane (:mod:`afd_connectors_npu.cam_async`). Its recipe: one world, **no** control
+plane (the data carries its own counts), an op plane of two groups (one per stage), the
+CAM async pattern. Rules, each checked at start-up: ``async_dp`` true and
+``compute_gate_on_attention`` true (its registration requires both), eager execution
+(the attention role's ``enforce_eager``), both roles' ``max_num_batched_tokens`` equal
+(it sizes the ops' buffers; it travels in the wire spec, so the rendezvous compares it);
+``connector_extra_config`` takes the CAM keys and ``async_moe_ubatching`` (two stages per
+step when true; ``num_stages`` follows from it).
+
 Importing this module imports no torch.
 """
 
@@ -19,8 +31,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from afd_connectors_npu.cam_async import CamAsync
 from afd_connectors_npu.cam_p2p import CamP2p
-from afd_connectors_npu.extra_config import CamExtraConfig
+from afd_connectors_npu.extra_config import CamAsyncExtraConfig, CamExtraConfig
 from afd_core.assembly import Control, Layout, OpPlane, Recipe
 from afd_core.connector import Connector
 
@@ -49,8 +62,39 @@ class CAMP2pAFDConnector(Connector):
         return Recipe(Layout.WORLD, Control.ANNOUNCED, plane, CamP2p(cores))
 
 
+class CAMAsyncAFDConnector(Connector):
+    """AFD connector: one world, in-band counts, the CAM async op plane, expert-routed."""
+
+    name = "CAMAsyncAFDConnector"
+    sized_by_max_num_batched_tokens = True
+
+    @classmethod
+    def parse_extra_config(cls, raw: Mapping[str, Any]) -> CamAsyncExtraConfig:
+        """Accept the CAM keys and ``async_moe_ubatching`` (see
+        :class:`~afd_connectors_npu.extra_config.CamAsyncExtraConfig`)."""
+        return CamAsyncExtraConfig.parse(raw, cls.name)
+
+    @classmethod
+    def stages_fixed_by(cls, extra: CamAsyncExtraConfig) -> int:
+        """``async_moe_ubatching`` decides the stages per step: 2 when true, else 1."""
+        return extra.num_stages
+
+    def recipe(self) -> Recipe:
+        """One world, no announcements, the async op plane, the CAM async pattern."""
+        plane = OpPlane(async_reference_provider, NUM_STAGES)
+        return Recipe(Layout.WORLD, Control.IN_BAND, plane, CamAsync())
+
+
 def reference_provider() -> OpProvider:
-    """afd-ascend-ops' CPU reference provider (imports torch and registers the ops)."""
+    """afd-ascend-ops' CPU reference provider of ``a2e``/``e2a`` (imports torch and
+    registers the ops)."""
     from afd_ascend_ops.reference import ReferenceOpProvider
 
-    return ReferenceOpProvider()
+    return ReferenceOpProvider("p2p")
+
+
+def async_reference_provider() -> OpProvider:
+    """afd-ascend-ops' CPU reference provider of the CAM async ops."""
+    from afd_ascend_ops.reference import ReferenceOpProvider
+
+    return ReferenceOpProvider("async")

@@ -4,7 +4,9 @@ The keys are the prior art's: ``core_num`` (the AI vector cores an op may use, 8
 default), ``attn_core_num`` and ``ffn_core_num`` (per role; 0: ``core_num``) and
 ``quant_mode`` (0 only: the ops move bf16 activations; quantised transfer is not built).
 On CPU the reference ops ignore the core counts; the Ascend kernels take them as
-``aiv_num``.
+``aiv_num``. CAM async also takes ``async_moe_ubatching`` (false by default): true runs
+every step that splits as two stages pipelined through the MoE layers
+(:class:`CamAsyncExtraConfig`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from afd_core.coercion import reject_unknown_fields, to_int_at_least
+from afd_core.coercion import reject_unknown_fields, to_bool, to_int_at_least
 from afd_core.errors import AFDConfigError
 from afd_core.topology import Role
 
@@ -62,3 +64,27 @@ class CamExtraConfig:
         """The ``aiv_num`` the ops of ``role`` get."""
         own = self.attn_core_num if role == "attention" else self.ffn_core_num
         return own or self.core_num
+
+
+@dataclass(frozen=True)
+class CamAsyncExtraConfig:
+    """CAM async's ``connector_extra_config``: the CAM keys and ``async_moe_ubatching``."""
+
+    cam: CamExtraConfig = CamExtraConfig()
+    async_moe_ubatching: bool = False
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], connector: str) -> CamAsyncExtraConfig:
+        """Parse ``raw``; AFDConfigError naming an unknown key or a bad value."""
+        keys = [f.name for f in fields(CamExtraConfig)] + ["async_moe_ubatching"]
+        reject_unknown_fields(raw, keys, connector)
+        ubatching = to_bool(
+            "connector_extra_config.async_moe_ubatching", raw.get("async_moe_ubatching", False)
+        )
+        rest = {key: value for key, value in raw.items() if key != "async_moe_ubatching"}
+        return cls(CamExtraConfig.parse(rest, connector), ubatching)
+
+    @property
+    def num_stages(self) -> int:
+        """Stages per step: 2 with ``async_moe_ubatching``, else 1."""
+        return 2 if self.async_moe_ubatching else 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, cast
 
@@ -26,6 +26,7 @@ from afd_core.coercion import (
 )
 from afd_core.connector import Connector
 from afd_core.errors import AFDConfigError, AFDInstallError
+from afd_core.placement import PlacementRule
 from afd_core.specs import ConnectorSpec
 from afd_core.stages import (
     DEFAULT_DECODE_TOKEN_THRESHOLD,
@@ -83,7 +84,8 @@ class AFDConfig:
     step only from the ``stage_*_token_threshold`` token counts (:attr:`stage_policy`).
     ``exchange`` is not a key: it is the connector's exchange pattern (its
     :class:`~afd_core.specs.ConnectorSpec`), which decides the topology and what each role
-    builds (``"expert"``: routed experts split over the FFN ranks).
+    builds (``"expert"``: routed experts split over the FFN ranks), and nor is
+    ``expert_placement``, the rule that splits them (:mod:`afd_core.placement`).
     """
 
     role: Role
@@ -103,6 +105,7 @@ class AFDConfig:
     stage_decode_token_threshold: int = DEFAULT_DECODE_TOKEN_THRESHOLD
     stage_prefill_token_threshold: int = DEFAULT_PREFILL_TOKEN_THRESHOLD
     exchange: ExchangePattern = "block"
+    expert_placement: PlacementRule = "balanced"
 
     @property
     def topology(self) -> Topology:
@@ -184,7 +187,7 @@ def parse_afd_config(
     timeout_s = _parse_int(values, "afd_process_group_timeout_s")
     topology = _parse_topology(values, spec)
     # Arguments are evaluated in order: the connector's own parser (extra config) runs last.
-    return AFDConfig(
+    config = AFDConfig(
         role=role,
         connector=spec.name,
         host=host,
@@ -202,7 +205,9 @@ def parse_afd_config(
         stage_prefill_token_threshold=_parse_int(values, "stage_prefill_token_threshold"),
         connector_extra_config=MappingProxyType(_parse_extra_config(values, spec)),
         exchange=spec.exchange,
+        expert_placement=spec.expert_placement,
     )
+    return _with_fixed_stages(config, values, spec)
 
 
 _FIELDS = {f.name: f for f in fields(AFDConfig)}
@@ -395,6 +400,24 @@ def _parse_role_rank(values: Mapping[str, Any], role: Role, topology: Topology) 
         f"the {role} role has {count} rank(s) ({count_key}={count}); "
         f"fix role_rank or raise {count_key}",
     )
+
+
+def _with_fixed_stages(
+    config: AFDConfig, values: Mapping[str, Any], spec: ConnectorSpec
+) -> AFDConfig:
+    """``config`` with the stages per step its connector's extra config fixes
+    (``Connector.stages_fixed_by``); AFDConfigError when ``num_stages`` says otherwise."""
+    cls = spec.load()
+    fixed = cls.stages_fixed_by(cls.parse_extra_config(config.connector_extra_config))
+    if fixed is None or fixed == config.num_stages:
+        return config
+    if "num_stages" in values:
+        raise AFDConfigError(
+            f"AFD config: num_stages is {config.num_stages}, but {spec.name}'s "
+            f"connector_extra_config {show(dict(config.connector_extra_config))} runs "
+            f"{fixed} stage(s) per step; leave num_stages out or set it to {fixed}"
+        )
+    return replace(config, num_stages=fixed)
 
 
 def _parse_extra_config(values: Mapping[str, Any], spec: ConnectorSpec) -> dict[str, Any]:

@@ -71,6 +71,7 @@ class WireSpec:
     num_experts: int = 0
     top_k: int = 0
     exchange_layer_ids: tuple[int, ...] = ()
+    max_num_batched_tokens: int = 0
 
     def __post_init__(self) -> None:
         ids = self.exchange_layer_ids
@@ -293,6 +294,60 @@ class FFNEndpoint(ABC):
         return {}
 
 
+@dataclass(slots=True)
+class FFNWorkItem:
+    """One unit of in-band work: the rows one attention rank sent for one layer on one lane.
+
+    ``hidden`` ``[rows, hidden]`` and ``routing`` (local expert ids, and the weights the
+    FFN rank applies: 1.0 where the attention rank applies the router weights itself) as
+    :meth:`~afd_models.roles.FFNModel.afd_compute_experts` takes them; ``handle`` is the
+    endpoint's own record of where the result goes (opaque to the caller). Valid until the
+    next :meth:`FFNWorkEndpoint.next_work` of the same lane.
+    """
+
+    attention_rank: int
+    layer: int
+    lane: int
+    hidden: torch.Tensor
+    routing: ExpertRouting
+    handle: Any = None
+
+
+class FFNWorkEndpoint(ABC):
+    """The FFN side of an in-band connector (no control plane): work items, not steps.
+
+    The attention ranks announce nothing; each data message carries its own counts, so the
+    FFN rank forms its work from whatever arrives: on each of :attr:`num_lanes` lanes (one
+    per stage the attention ranks may have in flight), :meth:`next_work` returns the next
+    item that arrived from any attention rank, and :meth:`send_work` returns its result to
+    that rank. Each lane is served by one thread, in arrival order (``next_work``, compute,
+    ``send_work``, repeat); lanes are independent, so an attention rank's two stages never
+    wait on each other. :meth:`next_work` returns None once the connector is closed.
+    """
+
+    @property
+    @abstractmethod
+    def num_lanes(self) -> int:
+        """The lanes to serve, each on its own thread."""
+
+    @abstractmethod
+    def next_work(self, lane: int) -> FFNWorkItem | None:
+        """Wait for the next work item on ``lane`` (as long as the attention ranks are idle).
+
+        Returns None once the connector is closed. Raises AFDPeerError when an attention
+        rank is lost, AFDProtocolError for a message that breaks the rules.
+        """
+
+    @abstractmethod
+    def send_work(self, item: FFNWorkItem, output: torch.Tensor) -> None:
+        """Return ``output`` (``[rows, hidden]``, one row per row of ``item.hidden``) to the
+        attention rank that sent ``item``."""
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of this endpoint (JSON-friendly; the default has none)."""
+        return {}
+
+
 @dataclass(frozen=True)
 class ConnectorParts:
     """What :meth:`Connector.connect` built: the role endpoint and how to take it down.
@@ -302,7 +357,7 @@ class ConnectorParts:
     the rendezvous store. Each step must be idempotent and must not raise.
     """
 
-    endpoint: AttentionEndpoint | FFNEndpoint
+    endpoint: AttentionEndpoint | FFNEndpoint | FFNWorkEndpoint
     shutdown: tuple[Callable[[], None], ...] = ()
 
 
@@ -317,6 +372,10 @@ class Connector:
     """
 
     name: ClassVar[str] = ""
+    #: The data plane sizes its buffers from the most tokens one step carries: the role
+    #: workers put vLLM's ``max_num_batched_tokens`` into the wire spec
+    #: (:attr:`WireSpec.max_num_batched_tokens`), so both roles must agree on it.
+    sized_by_max_num_batched_tokens: ClassVar[bool] = False
 
     @property
     def replaces_attention_ranks(self) -> bool:
@@ -364,6 +423,14 @@ class Connector:
                 f"AFD config: connector_extra_config has fields {sorted(raw)} but "
                 f"{cls.name or cls.__name__} takes none; remove them"
             )
+        return None
+
+    @classmethod
+    def stages_fixed_by(cls, extra: Any) -> int | None:
+        """The stages per step that the parsed ``connector_extra_config`` ``extra`` fixes
+        (a connector whose own key turns micro-batch stages on), or None when
+        ``num_stages`` decides (the default). Config validation refuses a ``num_stages``
+        that differs from a fixed count."""
         return None
 
     def two_stage_problem(self) -> str | None:
@@ -454,17 +521,38 @@ class Connector:
 
     @property
     def ffn(self) -> FFNEndpoint:
-        """The FFN endpoint (FFN role, after :meth:`initialize`)."""
+        """The FFN endpoint (FFN role, after :meth:`initialize`) of a connector that
+        announces steps (see :attr:`serves_work_items`)."""
         return self._endpoint("ffn", FFNEndpoint)  # type: ignore[return-value]
 
-    def _endpoint(self, role: str, kind: type) -> AttentionEndpoint | FFNEndpoint:
+    @property
+    def ffn_work(self) -> FFNWorkEndpoint:
+        """The FFN endpoint (FFN role, after :meth:`initialize`) of an in-band connector."""
+        return self._endpoint("ffn", FFNWorkEndpoint)  # type: ignore[return-value]
+
+    @property
+    def serves_work_items(self) -> bool:
+        """True when the FFN endpoint gives work items (:class:`FFNWorkEndpoint`), not
+        steps; after :meth:`initialize`."""
+        return isinstance(self._endpoint("ffn", ABC), FFNWorkEndpoint)
+
+    def endpoint_stats(self) -> dict[str, Any]:
+        """The role endpoint's counters ({} before :meth:`initialize` and after close)."""
+        parts = self._parts
+        return {} if parts is None else parts.endpoint.stats()
+
+    def _endpoint(self, role: str, kind: type) -> AttentionEndpoint | FFNEndpoint | FFNWorkEndpoint:
         if self.config.role != role:
             raise RuntimeError(f"{self.name}: the {role} endpoint is for the {role} role")
         parts = self._parts
         if parts is None:
             self.fuse.check()
             raise RuntimeError(f"{self.name}: call initialize() before exchanging data")
-        assert isinstance(parts.endpoint, kind)
+        if not isinstance(parts.endpoint, kind):
+            raise RuntimeError(
+                f"{self.name}: its {role} endpoint is a {type(parts.endpoint).__name__}, "
+                f"not a {kind.__name__}"
+            )
         return parts.endpoint
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from afd_core.errors import AFDInstallError
+from afd_core.placement import PlacementRule
 from afd_core.topology import ExchangePattern, Role
 
 Platform = Literal["cpu", "cuda", "npu"]
@@ -47,9 +48,11 @@ class ConnectorSpec:
     ``supports_cuda_graphs``: its data plane can be captured in a CUDA graph.
     ``exchange``: the rank map its FFN ranks need (:mod:`afd_core.topology`):
     ``"block"`` (every FFN rank holds every expert) or ``"expert"`` (routed experts split
-    over the FFN ranks). ``gate_on_attention``: None when the connector takes either gate
-    placement, else the ``compute_gate_on_attention`` it requires, ``gate_reason`` saying
-    why (config validation and ``afd check`` refuse the other value with it).
+    over the FFN ranks), and with ``"expert"`` ``expert_placement``, the rule that splits
+    them (:mod:`afd_core.placement`). ``gate_on_attention``: None when the connector takes
+    either gate placement, else the ``compute_gate_on_attention`` it requires,
+    ``gate_reason`` saying why (config validation and ``afd check`` refuse the other value
+    with it).
     """
 
     name: str
@@ -59,6 +62,7 @@ class ConnectorSpec:
     supports_cuda_graphs: bool = False
     description: str = ""
     exchange: ExchangePattern = "block"
+    expert_placement: PlacementRule = "balanced"
     gate_on_attention: bool | None = None
     gate_reason: str = ""
 

@@ -12,6 +12,9 @@ An FFN rank has no scheduler and no KV cache. Its :class:`FFNServer` thread
 
 Layer-major, as :class:`~afd_core.connector.FFNEndpoint` requires: an attention rank with
 two stages in flight sends both stages of a layer before it collects either result.
+A connector without a control plane (:class:`~afd_core.connector.FFNWorkEndpoint`) gives
+work items instead of steps; :mod:`afd_ffn.work_lanes` serves them, a thread per lane,
+each item through :meth:`FFNServer.serve_work_item`.
 
 Each step runs inside the compute context (vLLM: ``torch.inference_mode()``,
 ``set_forward_context(None, vllm_config)`` and, on CUDA, the worker's device as the
@@ -58,7 +61,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import Any
 
-from afd_core.connector import Connector, ExpertRouting, FFNStep
+from afd_core.connector import Connector, ExpertRouting, FFNStep, FFNWorkItem
 from afd_core.errors import AFDConfigError, AFDPeerError, AFDProtocolError, AFDShutdown
 from afd_core.workers.process_exit import exit_worker_process
 from afd_core.workers.profiling import (
@@ -72,6 +75,7 @@ from afd_core.workers.profiling import (
 from afd_core.workers.setup import role_worker_setup
 from afd_ffn.graphs import FFNStepGraphs
 from afd_ffn.stats import FFNStats
+from afd_ffn.work_lanes import WorkLanes
 from afd_models.roles import FFNModel
 
 # A child of vLLM's logger, so vLLM's logging config (handler, level, format) applies.
@@ -139,6 +143,7 @@ class FFNServer:
         self._stopping = threading.Event()
         self._fail_lock = threading.Lock()
         self._connector_lock = threading.Lock()
+        self._compute_lock = threading.Lock()
         self._lost: AFDPeerError | None = None
         self._thread: threading.Thread | None = None
         self.stats = FFNStats()
@@ -164,9 +169,7 @@ class FFNServer:
 
     def endpoint_stats(self) -> dict[str, Any]:
         """The connector endpoint's counters ({} until the rendezvous is done)."""
-        if not self._connector.is_initialized:
-            return {}
-        return self._connector.ffn.stats()
+        return self._connector.endpoint_stats()
 
     @property
     def is_running(self) -> bool:
@@ -234,6 +237,31 @@ class FFNServer:
             endpoint.send(batch, output)
         self.stats.busy_s += time.perf_counter() - received_at
 
+    def serve_work_item(self, item: FFNWorkItem) -> None:
+        """Compute an in-band work item (its rows through this rank's experts, with the
+        item's routing) and send the result back; called by each lane's thread.
+
+        The lanes compute one at a time (vLLM's forward context is a module global, and
+        the model's kernels already use every core), each inside the compute context.
+        """
+        endpoint = self._connector.ffn_work
+        received_at = time.perf_counter()
+        hidden, routing = item.hidden, item.routing
+        device = self._device
+        if device is not None:
+            hidden = hidden.to(device)
+            routing = ExpertRouting(routing.topk_ids.to(device), routing.topk_weights.to(device))
+        with self._compute_lock, self._compute_context(), afd_range(FFN_COMPUTE, item.layer):
+            output = self._model.afd_compute_experts(item.layer, hidden, routing)
+        with afd_range(FFN_SEND, item.layer):
+            endpoint.send_work(item, output)
+        with self._compute_lock:
+            self.stats.rows += hidden.shape[0]
+            self.stats.layer_exchanges += 1
+            self.stats.work_items += 1
+            self.stats.busy_s += time.perf_counter() - received_at
+        self._on_step()
+
     def _serve_graph_step(self, step: FFNStep) -> None:
         if self._graphs is None:
             raise AFDProtocolError(
@@ -273,14 +301,17 @@ class FFNServer:
             len(self._layers),
         )
         try:
-            endpoint = connector.ffn
-            while True:
-                with afd_range(FFN_WAIT_STEP):
-                    step = endpoint.next_step()
-                if step is None:
-                    break
-                self.serve_step(step)
-                self._on_step()
+            if connector.serves_work_items:
+                WorkLanes(connector.ffn_work, self.serve_work_item, connector.close).run()
+            else:
+                endpoint = connector.ffn
+                while True:
+                    with afd_range(FFN_WAIT_STEP):
+                        step = endpoint.next_step()
+                    if step is None:
+                        break
+                    self.serve_step(step)
+                    self._on_step()
         except AFDShutdown:
             pass
         except AFDPeerError as exc:

@@ -9,7 +9,9 @@ from dataclasses import asdict, dataclass
 class FFNStats:
     """What an FFN rank has served since it started.
 
-    ``steps``: control payloads (forwards of the attention ranks) completed;
+    ``steps``: control payloads (forwards of the attention ranks) completed (0 with an
+    in-band connector, which has no steps: it counts ``work_items``, each one layer of one
+    attention rank's stage);
     ``layer_exchanges``: (layer, stage) batches computed and sent back; ``tokens``: tokens
     of the completed steps, summed over the attention ranks and stages of each step (a
     token counts once per step, not once per layer); ``stages``: stages of the completed
@@ -40,6 +42,7 @@ class FFNStats:
     graph_replays: int = 0
     graph_steps_eager: int = 0
     rendezvous: int = 0
+    work_items: int = 0
     busy_s: float = 0.0
 
     def as_dict(self) -> dict[str, int | float]:

@@ -89,7 +89,7 @@ class StockMoEModel:
         if afd.exchange != "expert":
             return None
         config = self.hf_config(vllm_config)
-        return ExpertPlacement(self.num_experts(config), afd.num_ffn_ranks)
+        return ExpertPlacement(self.num_experts(config), afd.num_ffn_ranks, afd.expert_placement)
 
     def attention_stand_ins(
         self, placement: ExpertPlacement | None

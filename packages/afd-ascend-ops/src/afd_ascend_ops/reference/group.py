@@ -38,41 +38,35 @@ run on any thread.
 
 from __future__ import annotations
 
-import ctypes
 import threading
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from afd_ascend_ops.header import MessageHeader, Op
+from afd_ascend_ops.header import MessageHeader
 from afd_ascend_ops.reference.bodies import (
     ROUTING_ENTRY_BYTES,
-    TORCH_DTYPES,
     WIRE_TORCH_DTYPES,
     routing_as_bytes,
     routing_from_bytes,
     rows_as_bytes,
 )
+from afd_ascend_ops.reference.channel import MessageChannel, check_positive, wire_dtype
 from afd_ascend_ops.schemas import blocks_per_ffn_rank
 from afd_core.errors import AFDConfigError, AFDProtocolError
-from afd_core.failures import Fuse, PeerFailures, guarded
+from afd_core.failures import guarded
 from afd_core.topology import Topology
-from afd_core.transport import Transfer, TransferFailed
 
 if TYPE_CHECKING:
     from afd_core.transport import Transport
 
-
-@dataclass
-class _Pending:
-    """Sends of one call to one peer, still in flight, and the tensors they read."""
-
-    op: Op
-    seq: int
-    transfers: list[Transfer]
-    tensors: list[torch.Tensor]
+#: The end of a mispaired message's error.
+MISPAIRED = (
+    "The two roles' calls are mispaired (a call skipped or repeated, other rows than the "
+    "FFN rank expects, or different hidden_size, dtype or routing arguments): call a2e and "
+    "e2a once per layer and stage on both roles, with the same model and row counts"
+)
 
 
 class ReferenceGroup:
@@ -95,31 +89,26 @@ class ReferenceGroup:
         self.world_rank = world_rank
         self.topology = topology
         self.timeout_s = timeout_s
-        self._transport = transport
-        self._fuse = Fuse(f"afd_ascend group {name!r}")
-        self._failures = PeerFailures(topology, timeout_s, self._fuse)
+        self._channel = MessageChannel(name, transport, world_rank, topology, timeout_s, MISPAIRED)
+        self._fuse = self._channel.fuse
         self._role, self._role_rank = topology.role_of_world_rank(world_rank)
         self._lock = threading.Lock()
-        self._calls: dict[int, int] = {}
-        self._pending: dict[int, _Pending] = {}
         self._sent_rows: int | None = None  # attention: rows of the a2e awaiting its e2a
 
     # -- life cycle ------------------------------------------------------------------
 
     def interrupt(self) -> None:
         """Make a blocked call raise AFDShutdown now, and every later call (idempotent)."""
-        self._fuse.close()
-        self._transport.interrupt()
+        self._channel.interrupt()
 
     def close(self) -> None:
         """Interrupt, release the transport and drop the pending sends (idempotent)."""
-        self.interrupt()
-        self._transport.close()
+        self._channel.close()
         # A call woken by the interrupt returns at once; a lock that stays taken means
         # its thread is gone, and the pending sends go with this object then.
         if self._lock.acquire(timeout=self.timeout_s):
             try:
-                self._pending.clear()
+                self._channel.drop_pending()
             finally:
                 self._lock.release()
 
@@ -141,11 +130,11 @@ class ReferenceGroup:
     ) -> list[torch.Tensor]:
         """The reference ``a2e`` (see the module docstring and the README)."""
         blocks = self._check_world("a2e", expert_rank_size, attention_rank_size, rank)
-        dtype = self._wire_dtype("a2e", "x", x)
-        _check_positive("a2e", "hidden_size", hidden_size)
+        dtype = wire_dtype("a2e", self.name, "x", x)
+        check_positive("a2e", "hidden_size", hidden_size)
         gated = compute_gate != 0
         if gated:
-            _check_positive("a2e", "topk (with compute_gate=1)", topk)
+            check_positive("a2e", "topk (with compute_gate=1)", topk)
         with self._lock:
             if self._role == "attention":
                 self._send_attention_rows(x, expert_ids, scales, hidden_size, topk, gated, dtype)
@@ -169,8 +158,8 @@ class ReferenceGroup:
     ) -> torch.Tensor:
         """The reference ``e2a`` (see the module docstring and the README)."""
         blocks = self._check_world("e2a", expert_rank_size, attention_rank_size, rank)
-        dtype = self._wire_dtype("e2a", "expand_x", expand_x)
-        _check_positive("e2a", "hidden_size", hidden_size)
+        dtype = wire_dtype("e2a", self.name, "expand_x", expand_x)
+        check_positive("e2a", "hidden_size", hidden_size)
         with self._lock:
             if self._role == "attention":
                 return self._receive_result(expand_x, hidden_size, dtype)
@@ -197,7 +186,7 @@ class ReferenceGroup:
             )
         if self._sent_rows is not None:
             raise AFDProtocolError(
-                f"afd_ascend::a2e on group {self.name!r}: {self._me()} sends again before "
+                f"afd_ascend::a2e on group {self.name!r}: {self._channel.me()} sends again before "
                 "e2a received the result of its previous a2e on this group; call a2e and "
                 "e2a in pairs, one pair per layer and stage"
             )
@@ -207,10 +196,10 @@ class ReferenceGroup:
             body.append(routing_as_bytes(expert_ids, scales, rows, topk, self.name))
         peer = self._ffn_peer()
         deadline = time.monotonic() + self.timeout_s
-        self._finish_sends(peer, deadline)
+        self._channel.finish_sends(peer, deadline)
         header = MessageHeader(
             "a2e",
-            self._next_call(peer),
+            self._channel.next_call(peer),
             self.world_rank,
             peer,
             rows,
@@ -219,7 +208,7 @@ class ReferenceGroup:
             topk if gated else 0,
             gated,
         )
-        self._send(peer, header, [b for b in body if b.numel()])
+        self._channel.send(peer, header, [b for b in body if b.numel()])
         self._sent_rows = rows
 
     def _attention_a2e_outputs(self, x: torch.Tensor, blocks: int) -> list[torch.Tensor]:
@@ -240,7 +229,7 @@ class ReferenceGroup:
         rows = self._sent_rows
         if rows is None:
             raise AFDProtocolError(
-                f"afd_ascend::e2a on group {self.name!r}: {self._me()} asks for a result "
+                f"afd_ascend::e2a on group {self.name!r}: {self._channel.me()} asks for a result "
                 "but sent nothing with a2e on this group; call a2e and e2a in pairs"
             )
         if expand_x.dim() < 1 or expand_x.shape[0] != rows:
@@ -251,18 +240,18 @@ class ReferenceGroup:
             )
         peer = self._ffn_peer()
         deadline = time.monotonic() + self.timeout_s
-        seq = self._next_call(peer)
+        seq = self._channel.next_call(peer)
         head = torch.empty(MessageHeader.SIZE, dtype=torch.uint8)
-        head_recv = self._post(peer, head, send=False)
-        self._wait(head_recv, deadline, f"e2a call {seq} on group {self.name!r}")
+        head_recv = self._channel.post(peer, head, send=False)
+        self._channel.wait(head_recv, deadline, f"e2a call {seq} on group {self.name!r}")
         expected = MessageHeader("e2a", seq, peer, self.world_rank, rows, hidden_size, dtype)
-        self._check(head, expected)
-        self._finish_sends(peer, deadline)
+        self._channel.check(head, expected)
+        self._channel.finish_sends(peer, deadline)
         self._sent_rows = None
         out = torch.empty((rows, hidden_size), dtype=expand_x.dtype)
         if rows:
-            body = self._post(peer, out.view(torch.uint8), send=False)
-            self._wait(body, deadline, f"the rows of e2a call {seq} on group {self.name!r}")
+            body = self._channel.post(peer, out.view(torch.uint8), send=False)
+            self._channel.wait(body, deadline, f"the rows of e2a call {seq} on group {self.name!r}")
         return out
 
     # -- FFN side --------------------------------------------------------------------
@@ -298,13 +287,13 @@ class ReferenceGroup:
         ]
         peers = [peer for peer, _ in members]
         deadline = time.monotonic() + self.timeout_s
-        seqs = [self._next_call(peer) for peer in peers]
+        seqs = [self._channel.next_call(peer) for peer in peers]
         heads = [torch.empty(MessageHeader.SIZE, dtype=torch.uint8) for _ in peers]
-        posted = [self._post(p, h, send=False) for p, h in zip(peers, heads, strict=True)]
+        posted = [self._channel.post(p, h, send=False) for p, h in zip(peers, heads, strict=True)]
         dtype = WIRE_TORCH_DTYPES[torch_dtype]
         counts = []
         for (peer, rows), seq, head, transfer in zip(members, seqs, heads, posted, strict=True):
-            self._wait(transfer, deadline, f"a2e call {seq} on group {self.name!r}")
+            self._channel.wait(transfer, deadline, f"a2e call {seq} on group {self.name!r}")
             expected = MessageHeader(
                 "a2e",
                 seq,
@@ -317,20 +306,20 @@ class ReferenceGroup:
                 gated,
             )
             counts.append(
-                self._check(head, expected, ignore=("rows",) if rows is None else ()).rows
+                self._channel.check(head, expected, ignore=("rows",) if rows is None else ()).rows
             )
         if sum(counts) != batch_size:
             sources = ", ".join(
-                f"{self._failures.describe(p)}: {n}" for p, n in zip(peers, counts, strict=True)
+                f"{self._channel.describe(p)}: {n}" for p, n in zip(peers, counts, strict=True)
             )
             raise AFDProtocolError(
                 f"afd_ascend::a2e on group {self.name!r}: the attention ranks of "
-                f"{self._me()}'s block sent {sum(counts)} rows ({sources}), but its a2e "
+                f"{self._channel.me()}'s block sent {sum(counts)} rows ({sources}), but its a2e "
                 f"expects batch_size={batch_size}; pass the sum of the block's token counts "
                 "of this layer and stage"
             )
         for peer in peers:
-            self._finish_sends(peer, deadline)
+            self._channel.finish_sends(peer, deadline)
         expand_x = torch.empty((batch_size, hidden_size), dtype=torch_dtype)
         routing = torch.empty((batch_size, topk * ROUTING_ENTRY_BYTES), dtype=torch.uint8)
         bodies = []
@@ -338,13 +327,15 @@ class ReferenceGroup:
         for peer, rows in zip(peers, counts, strict=True):
             if rows:
                 end = start + rows
-                bodies.append(self._post(peer, expand_x[start:end].view(torch.uint8), send=False))
+                bodies.append(
+                    self._channel.post(peer, expand_x[start:end].view(torch.uint8), send=False)
+                )
                 if gated:
-                    bodies.append(self._post(peer, routing[start:end], send=False))
+                    bodies.append(self._channel.post(peer, routing[start:end], send=False))
                 start = end
         for transfer in bodies:
-            peer = self._failures.describe(transfer.peer)
-            self._wait(transfer, deadline, f"the a2e rows of {peer} on group {self.name!r}")
+            peer = self._channel.describe(transfer.peer)
+            self._channel.wait(transfer, deadline, f"the a2e rows of {peer} on group {self.name!r}")
         ids, weights = routing_from_bytes(routing, batch_size, topk, gated)
         received = iter(counts)
         sizes = [-1 if rows == -1 else next(received) for rows in expected_rows]
@@ -366,7 +357,7 @@ class ReferenceGroup:
         if len(values) != blocks or any(values[size:]) or min(values, default=0) < -1:
             raise AFDProtocolError(
                 f"afd_ascend::e2a on group {self.name!r}: atten_batch_size {values} is not "
-                f"what a2e returned on {self._me()} ({blocks} counts, the first {size} for "
+                f"what a2e returned on {self._channel.me()} ({blocks} counts, the first {size} for "
                 "its block (-1: took no part), the rest 0); pass output [3] of the matching "
                 "a2e"
             )
@@ -397,11 +388,17 @@ class ReferenceGroup:
         deadline = time.monotonic() + self.timeout_s
         start = 0
         for peer, rows in members:
-            self._finish_sends(peer, deadline)
+            self._channel.finish_sends(peer, deadline)
             header = MessageHeader(
-                "e2a", self._next_call(peer), self.world_rank, peer, rows, hidden_size, dtype
+                "e2a",
+                self._channel.next_call(peer),
+                self.world_rank,
+                peer,
+                rows,
+                hidden_size,
+                dtype,
             )
-            self._send(peer, header, [out[start : start + rows]] if rows else [])
+            self._channel.send(peer, header, [out[start : start + rows]] if rows else [])
             start += rows
 
     # -- shared parts ----------------------------------------------------------------
@@ -424,86 +421,9 @@ class ReferenceGroup:
             )
         return blocks_per_ffn_rank(attention_ranks, ffn_ranks)
 
-    def _wire_dtype(self, op: str, name: str, tensor: torch.Tensor) -> str:
-        dtype = WIRE_TORCH_DTYPES.get(tensor.dtype)
-        if dtype is None or tensor.device.type != "cpu":
-            raise ValueError(
-                f"afd_ascend::{op} on group {self.name!r}: the CPU reference kernel moves "
-                f"CPU tensors of {sorted(TORCH_DTYPES)}; {name} is {tensor.dtype} on "
-                f"{tensor.device}"
-            )
-        return dtype
-
-    def _me(self) -> str:
-        return self._failures.describe(self.world_rank)
-
     def _ffn_peer(self) -> int:
         return self.topology.world_rank("ffn", self.topology.ffn_rank_of(self._role_rank))
 
     def _block_peers(self) -> list[int]:
         block = self.topology.block_of(self._role_rank)
         return [self.topology.world_rank("attention", a) for a in block]
-
-    def _next_call(self, peer: int) -> int:
-        """This call's number on this group with ``peer`` (the header's ``seq``)."""
-        seq = self._calls.get(peer, 0)
-        self._calls[peer] = seq + 1
-        return seq
-
-    def _send(self, peer: int, header: MessageHeader, bodies: list[torch.Tensor]) -> None:
-        """Post ``header`` and ``bodies`` to ``peer``; they stay pending in this group."""
-        head = torch.frombuffer(bytearray(header.encode()), dtype=torch.uint8)
-        transfers = [self._post(peer, t, send=True) for t in (head, *bodies)]
-        self._pending[peer] = _Pending(header.op, header.seq, transfers, [head, *bodies])
-
-    def _finish_sends(self, peer: int, deadline: float) -> None:
-        """Wait until the previous call's sends to ``peer`` were received."""
-        pending = self._pending.pop(peer, None)
-        if pending is not None:
-            doing = f"{pending.op} call {pending.seq} on group {self.name!r} to be received"
-            for transfer in pending.transfers:
-                self._wait(transfer, deadline, doing)
-
-    def _post(self, peer: int, tensor: torch.Tensor, *, send: bool) -> Transfer:
-        try:
-            if send:
-                return self._transport.post_send(tensor, peer)
-            return self._transport.post_recv(tensor, peer)
-        except TransferFailed as failure:
-            error = self._failures.error(failure, f"a call on group {self.name!r}", peer)
-        raise error
-
-    def _wait(self, transfer: Transfer, deadline: float, doing: str) -> None:
-        try:
-            self._transport.wait(transfer, deadline)
-            return
-        except TransferFailed as failure:
-            error = self._failures.error(failure, doing, transfer.peer)
-        raise error
-
-    def _check(
-        self, head: torch.Tensor, expected: MessageHeader, *, ignore: tuple[str, ...] = ()
-    ) -> MessageHeader:
-        """The received header in ``head``; AFDProtocolError unless it is ``expected``."""
-        sender = self._failures.describe(expected.source)
-        raw = ctypes.string_at(head.data_ptr(), MessageHeader.SIZE)
-        try:
-            header = MessageHeader.decode(raw)
-        except AFDProtocolError as exc:
-            raise AFDProtocolError(f"{exc} [sent by {sender} to {self._me()}]") from None
-        diffs = header.differences(expected, ignore=ignore)
-        if diffs:
-            raise AFDProtocolError(
-                f"afd_ascend::{expected.op} on group {self.name!r}: the message {sender} "
-                f"sent differs from what {self._me()} expects: {'; '.join(diffs)}. The two "
-                "roles' calls are mispaired (a call skipped or repeated, other rows than the "
-                "FFN rank expects, or different hidden_size, dtype or routing arguments): "
-                "call a2e and e2a once per layer and stage on both roles, with the same "
-                "model and row counts"
-            )
-        return header
-
-
-def _check_positive(op: str, name: str, value: int) -> None:
-    if value <= 0:
-        raise ValueError(f"afd_ascend::{op}: {name} must be positive, not {value}")

@@ -2,9 +2,10 @@
 
 ``a2e`` and ``e2a`` run :class:`~afd_ascend_ops.reference.group.ReferenceGroup` on the
 group ``group_ep`` names (see :mod:`afd_ascend_ops.registry`); ``aiv_num`` (the vector
-cores of the Ascend kernel) has no meaning here. The CAM async ops have no CPU kernel
-yet: calling one on CPU tensors raises NotImplementedError saying so (their fake kernels
-exist, so adding the CPU kernels later changes no schema).
+cores of the Ascend kernel) has no meaning here. The CAM async ops run
+:class:`~afd_ascend_ops.reference.async_group.AsyncGroup` on the group ``group_name``
+names; ``comm_args`` and ``comm_id`` (the compiled kernels' communication arguments) have
+no meaning here either.
 
 Every function repeats its schema's defaults: the dispatcher drops trailing arguments
 equal to their defaults before calling a Python kernel.
@@ -18,6 +19,8 @@ from typing import Any
 import torch
 
 from afd_ascend_ops import registry
+from afd_ascend_ops.reference.async_group import AsyncGroup, AsyncWorld
+from afd_ascend_ops.reference.group import ReferenceGroup
 
 
 def a2e(
@@ -35,7 +38,7 @@ def a2e(
     compute_gate: int = 0,
 ) -> list[torch.Tensor]:
     """``afd_ascend::a2e`` on CPU tensors (see the README for the semantics)."""
-    return registry.lookup(group_ep).a2e(
+    return registry.lookup(group_ep, ReferenceGroup).a2e(
         x, expert_ids, scales, batch_size, hidden_size, topk, expert_rank_size,
         attention_rank_size, rank, compute_gate,
     )  # fmt: skip
@@ -54,36 +57,121 @@ def e2a(
     aiv_num: int = 0,
 ) -> torch.Tensor:
     """``afd_ascend::e2a`` on CPU tensors (see the README for the semantics)."""
-    return registry.lookup(group_ep).e2a(
+    return registry.lookup(group_ep, ReferenceGroup).e2a(
         expand_x, atten_batch_size, batch_size, hidden_size, topk, expert_rank_size,
         attention_rank_size, rank,
     )  # fmt: skip
 
 
-def not_yet(name: str) -> Callable[..., Any]:
-    """The CPU kernel of a CAM async op until its reference exists: a clear error."""
+def dispatch_send(
+    x: torch.Tensor,
+    expert_ids: torch.Tensor,
+    comm_args: torch.Tensor,
+    comm_id: int,
+    max_seq_len: int,
+    batch_size: int,
+    hidden_size: int,
+    top_k: int,
+    moe_rank_num: int,
+    attn_rank_num: int,
+    route_expert_num_per_moe: int,
+    attn_rank_id: int,
+    world_size: int,
+    layer_index: int,
+    tp_size: int,
+    dynamic_quant: int,
+    group_name: str,
+) -> torch.Tensor:
+    """``afd_ascend::afd_async_dispatch_send`` on CPU tensors (see the README)."""
+    world = AsyncWorld(
+        moe_rank_num, attn_rank_num, route_expert_num_per_moe, attn_rank_id, world_size, tp_size
+    )
+    return registry.lookup(group_name, AsyncGroup).dispatch_send(
+        x, expert_ids, world, max_seq_len, batch_size, hidden_size, top_k, layer_index,
+        dynamic_quant,
+    )  # fmt: skip
 
-    def kernel(*args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(
-            f"afd_ascend::{name} has no CPU reference kernel yet (planned for a later "
-            "afd-ascend-ops release); only its fake kernel is registered. Use CAMP2P "
-            "(a2e/e2a) on CPU, or the compiled Ascend kernels on an NPU"
-        )
 
-    return kernel
+def dispatch_recv(
+    x: torch.Tensor,
+    comm_args: torch.Tensor,
+    comm_id: int,
+    max_seq_len: int,
+    hidden_size: int,
+    top_k: int,
+    moe_rank_num: int,
+    attn_rank_num: int,
+    route_expert_num_per_moe: int,
+    moe_rank_id: int,
+    world_size: int,
+    tp_size: int,
+    dynamic_quant: int,
+    group_name: str,
+) -> list[torch.Tensor]:
+    """``afd_ascend::afd_async_dispatch_recv`` on CPU tensors (see the README)."""
+    world = AsyncWorld(
+        moe_rank_num, attn_rank_num, route_expert_num_per_moe, moe_rank_id, world_size, tp_size
+    )
+    return registry.lookup(group_name, AsyncGroup).dispatch_recv(
+        x, world, max_seq_len, hidden_size, top_k, dynamic_quant
+    )
+
+
+def combine_send(
+    expand_x: torch.Tensor,
+    comm_args: torch.Tensor,
+    batch_info: torch.Tensor,
+    comm_id: int,
+    max_seq_len: int,
+    hidden_size: int,
+    top_k: int,
+    moe_rank_num: int,
+    attn_rank_num: int,
+    route_expert_num_per_moe: int,
+    moe_rank_id: int,
+    world_size: int,
+    tp_size: int,
+    group_name: str,
+) -> torch.Tensor:
+    """``afd_ascend::afd_async_combine_send`` on CPU tensors (see the README)."""
+    world = AsyncWorld(
+        moe_rank_num, attn_rank_num, route_expert_num_per_moe, moe_rank_id, world_size, tp_size
+    )
+    return registry.lookup(group_name, AsyncGroup).combine_send(
+        expand_x, batch_info, world, hidden_size
+    )
+
+
+def combine_recv(
+    expand_x: torch.Tensor,
+    expert_ids: torch.Tensor,
+    expert_scales: torch.Tensor,
+    comm_args: torch.Tensor,
+    comm_id: int,
+    batch_size: int,
+    hidden_size: int,
+    top_k: int,
+    moe_rank_num: int,
+    attn_rank_num: int,
+    route_expert_num_per_moe: int,
+    attn_rank_id: int,
+    world_size: int,
+    group_name: str,
+) -> torch.Tensor:
+    """``afd_ascend::afd_async_combine_recv`` on CPU tensors (see the README)."""
+    world = AsyncWorld(moe_rank_num, attn_rank_num, route_expert_num_per_moe, attn_rank_id,
+                       world_size, 1)  # fmt: skip
+    return registry.lookup(group_name, AsyncGroup).combine_recv(
+        expand_x, expert_ids, expert_scales, world, batch_size, hidden_size, top_k
+    )
 
 
 #: The CPU kernel of each op, by op name.
 KERNELS: dict[str, Callable[..., Any]] = {
     "a2e": a2e,
     "e2a": e2a,
-    **{
-        name: not_yet(name)
-        for name in (
-            "afd_async_dispatch_send",
-            "afd_async_dispatch_recv",
-            "afd_async_combine_send",
-            "afd_async_combine_recv",
-        )
-    },
+    "afd_async_dispatch_send": dispatch_send,
+    "afd_async_dispatch_recv": dispatch_recv,
+    "afd_async_combine_send": combine_send,
+    "afd_async_combine_recv": combine_recv,
 }

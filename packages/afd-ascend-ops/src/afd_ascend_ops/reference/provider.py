@@ -2,10 +2,12 @@
 
 It implements :class:`afd_core.op_provider.OpProvider`. :meth:`~ReferenceOpProvider.open`
 opens one gloo transport of the whole world per stage (``site.opener.open_gloo``, on
-the prefix ``afd_ascend/stage<s>``, the same on every rank), wraps each in a
-:class:`~afd_ascend_ops.reference.group.ReferenceGroup` with the world's rank map and
-the AFD timeout, registers it under a name unique in this process and returns the names,
-stage by stage: the ``group_ep`` of each stage's ``a2e``/``e2a`` calls.
+the prefix ``afd_ascend/stage<s>``, the same on every rank), wraps each in a group of the
+provider's op family with the world's rank map and the AFD timeout
+(:class:`~afd_ascend_ops.reference.group.ReferenceGroup` for ``a2e``/``e2a``,
+:class:`~afd_ascend_ops.reference.async_group.AsyncGroup` for the CAM async ops),
+registers it under a name unique in this process and returns the names, stage by stage:
+the ``group_ep`` / ``group_name`` of each stage's op calls.
 
 The NPU provider (a later issue) has the same shape: it opens one HCCL process group per
 stage on ``site.opener.prefix_store(name)`` and returns their HCCL communicator names;
@@ -18,15 +20,19 @@ from __future__ import annotations
 
 import threading
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from afd_ascend_ops import registry
 from afd_core.errors import AFDShutdown
 from afd_core.op_provider import OpProvider
 
 if TYPE_CHECKING:
+    from afd_ascend_ops.reference.async_group import AsyncGroup
     from afd_ascend_ops.reference.group import ReferenceGroup
     from afd_core.op_provider import GroupSite
+
+#: The op families: ``"p2p"`` (``a2e``/``e2a``) and ``"async"`` (CAM async).
+OpFamily = Literal["p2p", "async"]
 
 
 def stage_prefix(stage: int) -> str:
@@ -37,13 +43,18 @@ def stage_prefix(stage: int) -> str:
 class ReferenceOpProvider(OpProvider):
     """One rank's CPU reference data plane: a registered gloo group per stage.
 
-    Build it with no arguments; open it once. Thread-safe: :meth:`interrupt` and
-    :meth:`close` may run on any thread, any number of times.
+    ``family`` picks the ops its groups serve. Open it once. Thread-safe:
+    :meth:`interrupt` and :meth:`close` may run on any thread, any number of times.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, family: OpFamily = "p2p") -> None:
+        if family not in ("p2p", "async"):
+            raise ValueError(
+                f"ReferenceOpProvider: family must be 'p2p' or 'async', not {family!r}"
+            )
+        self._family = family
         self._lock = threading.Lock()
-        self._groups: list[ReferenceGroup] = []
+        self._groups: list[ReferenceGroup | AsyncGroup] = []
         self._opened = False
         self._interrupted = False
 
@@ -62,7 +73,10 @@ class ReferenceOpProvider(OpProvider):
         """
         # Importing the ops registers them: the names are useless without them.
         import afd_ascend_ops.ops  # noqa: F401
+        from afd_ascend_ops.reference.async_group import AsyncGroup
         from afd_ascend_ops.reference.group import ReferenceGroup
+
+        kind = ReferenceGroup if self._family == "p2p" else AsyncGroup
 
         if num_stages < 1:
             raise ValueError(f"ReferenceOpProvider.open: num_stages must be >= 1, not {num_stages}")
@@ -78,12 +92,12 @@ class ReferenceOpProvider(OpProvider):
                 raise RuntimeError("ReferenceOpProvider.open: the provider is open already")
             self._opened = True
         token = uuid.uuid4().hex[:12]
-        opened: list[ReferenceGroup] = []
+        opened: list[ReferenceGroup | AsyncGroup] = []
         try:
             for stage in range(num_stages):
                 transport = site.opener.open_gloo(stage_prefix(stage))
-                group = ReferenceGroup(
-                    f"afd_ascend-ref-{token}-stage{stage}",
+                group = kind(
+                    f"afd_ascend-ref-{self._family}-{token}-stage{stage}",
                     transport,
                     site.world_rank,
                     site.topology,

@@ -86,7 +86,7 @@ def _placement(config: AFDConfig, args: argparse.Namespace) -> ExpertPlacement |
         count = _expert_count(Path(args.model))
     if count is None:
         return None
-    return ExpertPlacement(count, config.num_ffn_ranks)
+    return ExpertPlacement(count, config.num_ffn_ranks, config.expert_placement)
 
 
 def _expert_count(model: Path) -> int:

@@ -54,11 +54,11 @@ class DeploymentSpec:
     to every server (vLLM's ``--max-num-seqs``: the most requests a step batches).
     ``num_stages``, ``stage_decode_token_threshold``,
     ``stage_prefill_token_threshold``, ``afd_process_group_timeout_s`` and
-    ``connector_extra_config``: the AFD config keys of those names, on every server (None
-    / empty: their defaults). ``rendezvous_secret`` goes into every server's environment
-    as ``AFD_RENDEZVOUS_SECRET`` (:mod:`afd_core.runtime.store_gate`): by default a new
-    random one per spec, so no process outside the deployment can use its rendezvous
-    store; ``""`` launches without one. It is left out of the repr.
+    ``connector_extra_config``, ``async_dp``: the AFD config keys of those names, on every
+    server (None / empty / false: their defaults). ``rendezvous_secret`` goes into every
+    server's environment as ``AFD_RENDEZVOUS_SECRET`` (:mod:`afd_core.runtime.store_gate`):
+    by default a new random one per spec, so no process outside the deployment can use its
+    rendezvous store; ``""`` launches without one. It is left out of the repr.
     """
 
     model: Path
@@ -84,6 +84,7 @@ class DeploymentSpec:
     stage_prefill_token_threshold: int | None = None
     afd_process_group_timeout_s: int | None = None
     connector_extra_config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    async_dp: bool = False
     rendezvous_secret: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
 
     def afd_settings(self, role: Role, role_rank: int, connector_port: int) -> dict[str, Any]:
@@ -99,6 +100,8 @@ class DeploymentSpec:
             "compute_gate_on_attention": self.compute_gate_on_attention,
             "num_stages": self.num_stages,
         }
+        if self.async_dp:
+            settings["async_dp"] = True
         optional = {
             "stage_decode_token_threshold": self.stage_decode_token_threshold,
             "stage_prefill_token_threshold": self.stage_prefill_token_threshold,

@@ -19,7 +19,7 @@ Pure Python: vLLM objects are duck-typed, nothing here imports vLLM or torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from afd_core.config import AFDConfig, afd_config_from_vllm
@@ -157,7 +157,8 @@ def role_worker_setup(vllm_config: Any, model: Any, role: Role, tp_rank: int) ->
     parallel rank. Raises AFDConfigError when ``additional_config`` has no "afd" config
     or one for the other role, for a layout the roles cannot run
     (:func:`resolve_role_rank`) and for a model that is not an AFD wrapper
-    (:func:`model_wire_spec`).
+    (:func:`model_wire_spec`). A connector sized by ``max_num_batched_tokens`` gets vLLM's
+    value in the wire spec (compared at the rendezvous).
     """
     config = afd_config_from_vllm(vllm_config, expected_role=role)
     if config is None:
@@ -168,4 +169,7 @@ def role_worker_setup(vllm_config: Any, model: Any, role: Role, tp_rank: int) ->
         )
     role_rank = resolve_role_rank(config, vllm_config.parallel_config, tp_rank)
     wire = model_wire_spec(model, vllm_config.model_config.architecture, role)
+    if get_registry().connector(config.connector).load().sized_by_max_num_batched_tokens:
+        tokens = vllm_config.scheduler_config.max_num_batched_tokens
+        wire = replace(wire, max_num_batched_tokens=int(tokens))
     return RoleWorkerSetup(config, role_rank, wire)

@@ -53,7 +53,9 @@ class ExpertRouted(Pattern):
         from afd_core.runtime.expert.attention import ExpertAttentionEndpoint, FFNPeer
 
         topology = side.spec.topology
-        placement = ExpertPlacement(side.spec.wire.num_experts, topology.num_ffn_ranks)
+        placement = ExpertPlacement(
+            side.spec.wire.num_experts, topology.num_ffn_ranks, side.spec.config.expert_placement
+        )
         peers = tuple(FFNPeer(p.transport, p.transport_rank, p.failures) for p in side.peers)
         return ExpertAttentionEndpoint(
             side.context,
@@ -66,7 +68,9 @@ class ExpertRouted(Pattern):
         from afd_core.runtime.expert.ffn import ExpertFFNEndpoint
 
         topology = side.spec.topology
-        placement = ExpertPlacement(side.spec.wire.num_experts, topology.num_ffn_ranks)
+        placement = ExpertPlacement(
+            side.spec.wire.num_experts, topology.num_ffn_ranks, side.spec.config.expert_placement
+        )
         return ExpertFFNEndpoint(
             side.context,
             block=placement.block(side.spec.role_rank),
