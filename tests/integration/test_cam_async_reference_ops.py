@@ -66,10 +66,18 @@ def expected(x: Any, ids: Any, scales: Any) -> Any:
 
 
 def serve_lane(rank: int, a: int, f: int, epr: int, name: str, count: int, seen: list) -> None:
-    """Serve ``count`` dispatches on group ``name``: expand, answer, record who sent."""
+    """Serve ``count`` dispatches on group ``name``: expand, answer, record who sent (or
+    the exception that ended the lane)."""
+    try:
+        answer_dispatches(rank, a, f, epr, name, count, seen)
+    except Exception as exc:
+        seen.append(exc)
+
+
+def answer_dispatches(rank: int, a: int, f: int, epr: int, name: str, count: int, seen: list):
     world = (f, a, epr, rank, a + f, 1)
     for _ in range(count):
-        expanded, scales, info, counts = ops.afd_async_dispatch_recv(
+        expanded, _, info, counts = ops.afd_async_dispatch_recv(
             torch.empty(1, dtype=DTYPE), COMM, 0, MAX_TOKENS, H, K, *world[:4], world[4], 1,
             0, name,
         )  # fmt: skip
@@ -89,8 +97,9 @@ def serve(port: int, a: int, f: int, rank: int, stages: int, epr: int, done: Any
     seen: list = []
     try:
         lanes = [
-            threading.Thread(target=serve_lane, args=(rank, a, f, epr, names[s], a * len(LAYERS),
-                                                      seen))  # fmt: skip
+            threading.Thread(
+                target=serve_lane, args=(rank, a, f, epr, names[s], a * len(LAYERS), seen)
+            )
             for s in range(stages)
         ]
         for lane in lanes:
@@ -98,6 +107,8 @@ def serve(port: int, a: int, f: int, rank: int, stages: int, epr: int, done: Any
         for lane in lanes:
             lane.join(60)
         assert not any(lane.is_alive() for lane in lanes)
+        for failure in (s for s in seen if isinstance(s, Exception)):
+            raise failure
         done.wait(30)
         return seen
     finally:
@@ -114,8 +125,10 @@ def attend(port: int, a: int, f: int, rank: int, stages: int, epr: int, done: An
             sent = []
             for stage in range(stages):
                 x, ids, scales = inputs(role_rank, layer, stage, f * epr)
-                ops.afd_async_dispatch_send(x, ids, COMM, 0, MAX_TOKENS, x.shape[0], H, K, f, a,
-                                            epr, role_rank, a + f, layer, 1, 0, names[stage])  # fmt: skip
+                ops.afd_async_dispatch_send(
+                    x, ids, COMM, 0, MAX_TOKENS, x.shape[0], H, K, f, a, epr, role_rank, a + f,
+                    layer, 1, 0, names[stage],
+                )  # fmt: skip
                 sent.append((x, ids, scales))
             for stage, (x, ids, scales) in enumerate(sent):
                 y = ops.afd_async_combine_recv(torch.empty(1, dtype=DTYPE), ids, scales, COMM, 0,
@@ -140,7 +153,9 @@ def test_each_token_gets_its_weighted_experts_back_from_every_owner(ranks, port,
         ranks.start(f"attn{rank - f}", attend, port, a, f, rank, stages, epr, done)
     out = ranks.join(90)
     assert all(o.ok for o in out.values()), out
-    tokens = sum(tokens_of(r, layer, s) for r in range(a) for layer in LAYERS for s in range(stages))
+    tokens = sum(
+        tokens_of(r, layer, s) for r in range(a) for layer in LAYERS for s in range(stages)
+    )
     assert sum(out[f"attn{r}"].value for r in range(a)) == tokens
     # Every (token, expert) pair reached exactly its owner; every dispatch was answered by
     # every FFN rank, header-only where it had no token there.

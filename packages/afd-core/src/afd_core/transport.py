@@ -60,16 +60,11 @@ class TransferFailed(Exception):
         self.detail = detail
 
 
-#: The ``peer`` of a transfer from any peer before its wait returned.
-ANY_PEER = -1
-
-
 class Transfer:
     """A posted send or receive; pass it back to the transport that made it.
 
     ``work`` is the library's handle (a ``torch.distributed.Work``); ``peer`` the world
-    rank on the other end (:data:`ANY_PEER` for a receive from any peer until its wait
-    returned, the sender's rank afterwards).
+    rank on the other end.
     """
 
     __slots__ = ("peer", "work")
@@ -109,17 +104,6 @@ class Transport(ABC):
     @abstractmethod
     def post_recv(self, tensor: torch.Tensor, peer: int) -> Transfer:
         """Start receiving the next message of ``peer`` into the contiguous ``tensor``."""
-
-    def post_recv_any(self, tensor: torch.Tensor, peers: tuple[int, ...]) -> Transfer:
-        """Start receiving the next message of whichever of ``peers`` sends first into
-        ``tensor``; once waited for, the transfer's ``peer`` is the sender.
-
-        For data planes without a control channel, whose receiver cannot know which peer
-        sends next. The caller must post the receive of that peer's further messages
-        before the next :meth:`post_recv_any`, or they could land in it. Transports that
-        cannot receive from any peer raise NotImplementedError (the default).
-        """
-        raise NotImplementedError(f"{type(self).__name__} cannot receive from any peer")
 
     @abstractmethod
     def wait(self, transfer: Transfer, deadline: float | None) -> None:

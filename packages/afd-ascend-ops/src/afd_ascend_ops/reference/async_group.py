@@ -15,7 +15,9 @@ so):
   messages both ways, so every dispatch is answered by every FFN rank and a lost or
   repeated message shows as a sequence error, not as a hang.
 * FFN ``dispatch_recv`` waits (as long as the attention ranks are idle) for the next
-  dispatch of **any** attention rank on this group, and returns its rows expanded: one
+  dispatch of **any** attention rank on this group (an
+  :class:`~afd_ascend_ops.reference.inbox.Inbox` reads each attention rank's messages as
+  they come), and returns its rows expanded: one
   row per (token, local expert) pair, grouped by local expert ascending and, within an
   expert, by token ascending; ``counts[e]`` rows for local expert ``e``; ``batch_info``
   says who sent it (see :data:`BATCH_INFO`).
@@ -54,6 +56,7 @@ import torch
 from afd_ascend_ops.header import MessageHeader
 from afd_ascend_ops.reference.bodies import TORCH_DTYPES, rows_as_bytes
 from afd_ascend_ops.reference.channel import MessageChannel, check_positive, wire_dtype
+from afd_ascend_ops.reference.inbox import Inbox
 from afd_ascend_ops.schemas import BATCH_INFO_FIELDS, batch_info_size, dispatch_capacity
 from afd_core.errors import AFDConfigError, AFDProtocolError
 from afd_core.failures import guarded
@@ -134,15 +137,20 @@ class AsyncGroup:
         self._lock = threading.Lock()
         self._dispatched: _Dispatched | None = None  # attention: awaiting its combine
         self._unanswered: dict[int, _Unanswered] = {}  # FFN: by attention world rank
+        self._dispatches: Inbox | None = None  # FFN: every attention rank's dispatches
 
     # -- life cycle ------------------------------------------------------------------
 
     def interrupt(self) -> None:
         """Make a blocked call raise AFDShutdown now, and every later call (idempotent)."""
         self._channel.interrupt()
+        inbox = self._dispatches
+        if inbox is not None:
+            inbox.close()
 
     def close(self) -> None:
         """Interrupt, release the transport and drop the pending sends (idempotent)."""
+        self.interrupt()
         self._channel.close()
         if self._lock.acquire(timeout=self.timeout_s):
             try:
@@ -311,15 +319,8 @@ class AsyncGroup:
         check_positive(op, "top_k", top_k)
         epr = world.route_expert_num_per_moe
         with self._lock:
-            senders = tuple(
-                self.topology.world_rank("attention", a)
-                for a in range(self.topology.num_attention_ranks)
-            )
-            head, transfer = self._channel.post_header_from_any(senders)
-            self._channel.wait(transfer, None, f"the next dispatch on group {self.name!r}")
-            sender = transfer.peer
+            sender, header, body = self._inbox(hidden_size).take()
             seq = self._channel.next_call(sender)
-            header = self._channel.decode(head, sender)
             expected = MessageHeader(
                 "dispatch", seq, sender, self.world_rank, header.rows, hidden_size, dtype,
                 top_k, True, header.layer,
@@ -333,16 +334,11 @@ class AsyncGroup:
                     f"max_seq_len={max_seq_len}; both roles must use the same "
                     "max_num_batched_tokens"
                 )
-            deadline = time.monotonic() + self.timeout_s
-            self._channel.finish_sends(sender, deadline)
-            width = hidden_size * x.element_size() + top_k * 4
-            body = torch.empty((tokens, width), dtype=torch.uint8)
-            if tokens:
-                posted = self._channel.post(sender, body, send=False)
-                what = f"the dispatch rows of {self._channel.describe(sender)}"
-                self._channel.wait(posted, deadline, f"{what} on group {self.name!r}")
-            hidden = body[:, : hidden_size * x.element_size()].contiguous().view(x.dtype)
-            ids = body[:, hidden_size * x.element_size() :].contiguous().view(torch.int32)
+            self._channel.finish_sends(sender, time.monotonic() + self.timeout_s)
+            row_bytes = hidden_size * x.element_size()
+            body = body.view(tokens, row_bytes + top_k * 4)
+            hidden = body[:, :row_bytes].reshape(-1).view(x.dtype).view(tokens, hidden_size)
+            ids = body[:, row_bytes:].reshape(-1).view(torch.int32).view(tokens, top_k)
             local = ids.long() - self._role_rank * epr
             owned = (local >= 0) & (local < epr)
             if tokens and not bool(owned.any(dim=1).all()):
@@ -411,6 +407,21 @@ class AsyncGroup:
             self._channel.send(peer, header, [rows_as_bytes(expand_x[:rows])] if rows else [])
         return torch.zeros(1, dtype=torch.int8)
 
+    def _inbox(self, hidden_size: int) -> Inbox:
+        """The FFN rank's inbox of dispatches (its readers start on the first call)."""
+        if self._dispatches is None:
+            senders = tuple(
+                self.topology.world_rank("attention", a)
+                for a in range(self.topology.num_attention_ranks)
+            )
+            self._dispatches = Inbox(
+                self._channel, senders, _dispatch_body_bytes,
+                f"the next dispatch on group {self.name!r}",
+            )  # fmt: skip
+            if self._fuse.closed:  # interrupted meanwhile: stop the readers just started
+                self._dispatches.close()
+        return self._dispatches
+
     # -- checks ----------------------------------------------------------------------
 
     def _check_world(self, op: str, world: AsyncWorld, role: str) -> None:
@@ -471,6 +482,14 @@ class AsyncGroup:
                 f"0..{experts - 1} (moe_rank_num * route_expert_num_per_moe) and top_k="
                 f"{top_k} must not exceed {experts}"
             )
+
+
+def _dispatch_body_bytes(header: MessageHeader) -> int:
+    """Bytes of the body after a dispatch header: each token's row and its int32 ids."""
+    if header.op != "dispatch":
+        return 0  # the header check names the wrong op
+    itemsize = torch.empty(0, dtype=TORCH_DTYPES[header.dtype]).element_size()
+    return header.rows * (header.hidden_size * itemsize + header.topk * 4)
 
 
 def _check_quant(op: str, dynamic_quant: int) -> None:

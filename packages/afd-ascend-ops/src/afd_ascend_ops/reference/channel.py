@@ -32,7 +32,7 @@ from afd_ascend_ops.reference.bodies import TORCH_DTYPES, WIRE_TORCH_DTYPES
 from afd_core.errors import AFDProtocolError
 from afd_core.failures import Fuse, PeerFailures
 from afd_core.topology import Topology
-from afd_core.transport import ANY_PEER, Transfer, TransferFailed
+from afd_core.transport import Transfer, TransferFailed
 
 if TYPE_CHECKING:
     from afd_core.transport import Transport
@@ -131,23 +131,14 @@ class MessageChannel:
             error = self._failures.error(failure, f"a call on group {self.name!r}", peer)
         raise error
 
-    def post_header_from_any(self, peers: tuple[int, ...]) -> tuple[torch.Tensor, Transfer]:
-        """Post the receive of the next header of whichever of ``peers`` sends first."""
-        head = torch.empty(MessageHeader.SIZE, dtype=torch.uint8)
-        try:
-            return head, self._transport.post_recv_any(head, peers)
-        except TransferFailed as failure:
-            error = self._failures.error(_named(failure), f"a call on group {self.name!r}")
-        raise error
-
     def wait(self, transfer: Transfer, deadline: float | None, doing: str) -> None:
         """Wait for ``transfer`` until ``deadline`` (None: as long as it takes, for an idle
-        receiver; a lost peer still ends it through the transport)."""
+        receiver; a lost peer or :meth:`interrupt` still ends it)."""
         try:
             self._transport.wait(transfer, deadline)
             return
         except TransferFailed as failure:
-            error = self._failures.error(_named(failure), doing)
+            error = self._failures.error(failure, doing, transfer.peer)
         raise error
 
     def decode(self, head: torch.Tensor, sender: int) -> MessageHeader:
@@ -178,13 +169,6 @@ class MessageChannel:
                 f"expects: {'; '.join(diffs)}. {self._mispaired}"
             )
         return header
-
-
-def _named(failure: TransferFailed) -> TransferFailed:
-    """``failure`` with no peer where it names none (a receive from any peer)."""
-    if failure.peer != ANY_PEER:
-        return failure
-    return TransferFailed(None, failure.reason, failure.detail)
 
 
 def wire_dtype(op: str, group: str, name: str, tensor: torch.Tensor) -> str:

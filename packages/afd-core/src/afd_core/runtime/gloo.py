@@ -39,7 +39,7 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, ClassVar
 
-from afd_core.transport import ANY_PEER, Lane, Transfer, TransferFailed, Transport
+from afd_core.transport import Lane, Transfer, TransferFailed, Transport
 
 if TYPE_CHECKING:
     import torch
@@ -138,26 +138,6 @@ class GlooTransport(Transport):
             detail = str(exc)
         raise self._failure(peer, detail)
 
-    def post_recv_any(self, tensor: torch.Tensor, peers: tuple[int, ...]) -> Transfer:
-        """gloo's ``recv_anysource`` under this transport's tag. Every one of ``peers``
-        must be on the same side of this rank (all higher or all lower world ranks: the
-        two directions use two tags); ValueError otherwise."""
-        group = self._group
-        if group is None or self._interrupted:
-            raise TransferFailed(ANY_PEER, "interrupted", "the transport is closed")
-        sides = {peer > self._world_rank for peer in peers}
-        if len(sides) != 1:
-            raise ValueError(
-                f"GlooTransport.post_recv_any: peers {peers} must all be above or all below "
-                f"world rank {self._world_rank}"
-            )
-        tag = self._tag | TAG_UPWARD if sides.pop() else self._tag
-        try:
-            return Transfer(ANY_PEER, group.recv_anysource([tensor], tag))
-        except RuntimeError as exc:
-            detail = str(exc)
-        raise self._failure(ANY_PEER, detail)
-
     def lane(self, peer: int, timeout_s: float) -> GlooLane:
         return GlooLane(self, peer, timeout_s)
 
@@ -177,8 +157,6 @@ class GlooTransport(Transport):
                     timeout = max(timedelta(seconds=deadline - time.monotonic()), _MIN_WAIT)
             try:
                 transfer.work.wait(timeout)  # type: ignore[attr-defined]
-                if transfer.peer == ANY_PEER:
-                    transfer.peer = transfer.work.source_rank()  # type: ignore[attr-defined]
                 continue
             except RuntimeError as exc:
                 detail = str(exc)
