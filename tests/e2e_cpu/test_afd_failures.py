@@ -1,7 +1,8 @@
 """AFD deployments fail loudly and promptly: mismatched peers, a peer that stops or freezes.
 
 Real vLLM servers over ``P2pGlooAFDConnector`` (the mismatch and stopped-peer cases over
-each connector of :data:`CONNECTORS`); every wait is bounded by a short
+each connector of :data:`CONNECTORS`, the stopped-peer case also over
+``CAMAsyncAFDConnector``, which has no control plane); every wait is bounded by a short
 ``afd_process_group_timeout_s`` so that a hang would fail the test, not stall CI. Each
 test starts its own servers, since it stops or breaks them. The replacement of an idle
 attention server after SIGKILL carries the ``extended`` mark (``nox -s e2e_extended``);
@@ -121,12 +122,18 @@ def test_mismatched_attention_rank_counts_fail_both_roles_at_start(
         attention.stop()
 
 
-@pytest.mark.parametrize("connector", CONNECTORS)
+@pytest.mark.parametrize("connector", [*CONNECTORS, "CAMAsyncAFDConnector"])
 @pytest.mark.parametrize("stopped_role", ["ffn"])
 def test_stopping_one_role_ends_the_other_roles_waits_with_a_clear_error(
     stopped_role: str, connector: str, tiny_models: Path, vllm_cache_root: Path, tmp_path: Path
 ) -> None:
-    spec = DeploymentSpec(model=tiny_models / MODEL, connector=connector)
+    in_band = connector == "CAMAsyncAFDConnector"  # no control plane: async DP, gate on attention
+    spec = DeploymentSpec(
+        model=tiny_models / MODEL,
+        connector=connector,
+        async_dp=in_band,
+        compute_gate_on_attention=in_band,
+    )
     deployment = LocalDeployment(spec, work_dir=tmp_path, cache_root=vllm_cache_root)
     with deployment:
         # The deployment serves before anything is stopped.

@@ -133,9 +133,9 @@ def test_the_cpu_kernel_names_an_unknown_group():
         afd.e2a(x, torch.zeros(1, dtype=torch.int32), 2, H, 2, 1, 1, 1, "no-such-group")
 
 
-def test_the_cam_async_ops_have_no_cpu_kernel_yet_and_say_so():
+def test_the_cam_async_cpu_kernels_name_an_unknown_group():
     x = torch.ones(3, H, dtype=torch.bfloat16)
     comm = torch.ones(1, dtype=torch.float16)
-    with pytest.raises(NotImplementedError, match="no CPU reference kernel yet"):
+    with pytest.raises(UnknownGroupError, match="'no-such-group'"):
         afd.afd_async_combine_send(x, comm, torch.zeros(9, dtype=torch.int64), 0, 64, H, 2, 2,
-                                   2, 3, 2, 4, 1, "g")  # fmt: skip
+                                   2, 3, 2, 4, 1, "no-such-group")  # fmt: skip

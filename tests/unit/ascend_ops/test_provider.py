@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 
 from afd_ascend_ops import registry  # noqa: E402
 from afd_ascend_ops.reference import ReferenceOpProvider  # noqa: E402
+from afd_ascend_ops.reference.group import ReferenceGroup  # noqa: E402
 from afd_core.errors import AFDPeerError, AFDShutdown  # noqa: E402
 from afd_core.op_provider import GroupOpener, GroupSite  # noqa: E402
 from afd_core.topology import Topology  # noqa: E402
@@ -43,13 +44,13 @@ def test_open_registers_one_group_per_stage_and_close_releases_them_once():
     names = provider.open(site(opener), 2)
     assert [name for name, _ in opener.opened] == ["afd_ascend/stage0", "afd_ascend/stage1"]
     assert len(set(names)) == 2 and names == provider.names
-    assert [registry.lookup(name).name for name in names] == list(names)
+    assert [registry.lookup(name, ReferenceGroup).name for name in names] == list(names)
     provider.close()
     provider.close()
     assert provider.names == ()
     for name in names:
         with pytest.raises(AFDShutdown, match="was closed"):
-            registry.lookup(name)
+            registry.lookup(name, ReferenceGroup)
     for _, transport in opener.opened:
         assert transport.calls.count("close") == 1 and transport.calls[0] == "interrupt"
 

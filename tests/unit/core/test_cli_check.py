@@ -246,7 +246,7 @@ def test_an_expert_routed_config_prints_which_ffn_rank_holds_which_experts(
     assert status == 0
     assert '  exchange: "expert"' in out
     assert out.splitlines()[-4:] == [
-        "routed experts: 8 over 3 FFN rank(s)",
+        "routed experts: 8 over 3 FFN rank(s) (balanced blocks)",
         "  FFN 0 holds experts 0..2 (3 experts)",
         "  FFN 1 holds experts 3..5 (3 experts)",
         "  FFN 2 holds experts 6..7 (2 experts)",

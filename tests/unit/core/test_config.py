@@ -83,8 +83,8 @@ def test_full_config_is_parsed_into_every_field() -> None:
 
 
 def test_keys_constant_matches_the_dataclass_fields() -> None:
-    # ``exchange`` comes from the connector's spec, not from a key.
-    assert set(KEYS) == set(AFDConfig.__dataclass_fields__) - {"exchange"}
+    # ``exchange`` and ``expert_placement`` come from the connector's spec, not from a key.
+    assert set(KEYS) == set(AFDConfig.__dataclass_fields__) - {"exchange", "expert_placement"}
 
 
 @pytest.mark.parametrize("raw", [["role", "ffn"], "role=ffn", None, 3])

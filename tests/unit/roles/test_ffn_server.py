@@ -120,6 +120,7 @@ def test_stats_count_steps_stages_layer_batches_and_tokens():
         "graph_replays": 0,
         "graph_steps_eager": 0,
         "rendezvous": 1,
+        "work_items": 0,
     }
 
 

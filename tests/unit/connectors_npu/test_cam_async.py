@@ -1,0 +1,198 @@
+"""CAMAsyncAFDConnector's rules without a world: what its config refuses, how
+``async_moe_ubatching`` fixes the stages, the eager check, and the attention endpoint's
+deferred-receive pairing (per-stage FIFOs) over stand-in ops that record their calls.
+"""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from afd_connectors_npu import hooks
+from afd_connectors_npu.cam_async import CamAsync, CamAsyncAttentionEndpoint, placement
+from afd_connectors_npu.connector import CAMAsyncAFDConnector
+from afd_core.assembly import Control, Layout, OpPlane, RuntimeSpec
+from afd_core.config import AFDConfig, parse_afd_config
+from afd_core.connector import ExpertRouting, WireSpec
+from afd_core.errors import AFDConfigError, AFDProtocolError
+from afd_core.failures import Fuse
+from afd_core.metadata import AFDDPMetadata, ControlPayload
+
+torch = pytest.importorskip("torch")
+
+CONNECTOR = "CAMAsyncAFDConnector"
+WIRE = WireSpec(
+    hidden_size=4, dtype="bfloat16", num_exchange_layers=2, router_logits_width=8,
+    num_experts=8, top_k=2, exchange_layer_ids=(1, 2), max_num_batched_tokens=64,
+)  # fmt: skip
+
+
+def raw(**changes: Any) -> dict[str, Any]:
+    settings = {
+        "role": "attention",
+        "connector": CONNECTOR,
+        "async_dp": True,
+        "compute_gate_on_attention": True,
+        "num_ffn_ranks": 2,
+    }
+    settings.update(changes)
+    return {k: v for k, v in settings.items() if v is not None}
+
+
+@pytest.mark.parametrize(
+    ("changes", "says"),
+    [
+        ({"async_dp": None}, 'requires async_dp true, got false; set "async_dp": true'),
+        ({"compute_gate_on_attention": False}, '"compute_gate_on_attention": true'),
+        ({"connector_extra_config": {"depth": 1}}, "unknown fields ['depth']"),
+        ({"num_stages": 2}, "num_stages is 2, but CAMAsyncAFDConnector's connector_extra_config"),
+        (
+            {"num_stages": 1, "connector_extra_config": {"async_moe_ubatching": True}},
+            "runs 2 stage",
+        ),
+    ],
+)
+def test_the_config_refuses_what_cam_async_cannot_run(changes: dict, says: str) -> None:
+    with pytest.raises(AFDConfigError, match=re.escape(says)):
+        parse_afd_config(raw(**changes))
+
+
+@pytest.mark.parametrize(("ubatching", "stages"), [(False, 1), (True, 2)])
+def test_async_moe_ubatching_decides_the_stages_per_step(ubatching: bool, stages: int) -> None:
+    config = parse_afd_config(raw(connector_extra_config={"async_moe_ubatching": ubatching}))
+    assert config.num_stages == stages
+    assert config.exchange == "expert" and config.expert_placement == "ceil"
+
+
+def test_its_recipe_has_no_control_plane_and_two_op_groups() -> None:
+    config = parse_afd_config(raw())
+    recipe = CAMAsyncAFDConnector(config, 0, WIRE).recipe()
+    assert (recipe.layout, recipe.control) == (Layout.WORLD, Control.IN_BAND)
+    assert isinstance(recipe.data, OpPlane) and recipe.data.num_stages == 2
+    assert isinstance(recipe.pattern, CamAsync)
+    assert CAMAsyncAFDConnector.sized_by_max_num_batched_tokens
+
+
+@pytest.mark.parametrize(
+    ("wire", "says"),
+    [
+        (WireSpec(hidden_size=4, dtype="bfloat16", num_exchange_layers=2), "route tokens"),
+        (
+            WireSpec(
+                hidden_size=4,
+                dtype="bfloat16",
+                num_exchange_layers=2,
+                num_experts=8,
+                top_k=2,
+                router_logits_width=8,
+            ),
+            "carries no max_num_batched_tokens",
+        ),
+    ],
+)
+def test_the_pattern_refuses_a_wire_spec_it_cannot_size(wire: WireSpec, says: str) -> None:
+    config = parse_afd_config(raw())
+    with pytest.raises(AFDConfigError, match=says):
+        CamAsync().check(spec(config, wire))
+
+
+def test_the_attention_role_must_run_eagerly() -> None:
+    config = parse_afd_config(raw())
+    lazy = SimpleNamespace(model_config=SimpleNamespace(enforce_eager=False))
+    with pytest.raises(AFDConfigError, match="start the attention role with --enforce-eager"):
+        hooks.afd_validate(config=config, vllm_config=lazy)
+    hooks.afd_validate(config=parse_afd_config(raw(role="ffn")), vllm_config=lazy)
+    hooks.afd_validate(
+        config=config, vllm_config=SimpleNamespace(model_config=SimpleNamespace(enforce_eager=True))
+    )
+
+
+def test_the_placement_is_the_ops_ceil_rule() -> None:
+    config = parse_afd_config(raw(num_ffn_ranks=3))
+    wire = WireSpec(**{**WIRE.__dict__, "num_experts": 16, "router_logits_width": 16})
+    blocks = [placement(spec(config, wire, f)).block(f) for f in range(3)]
+    assert [(b.start, b.stop) for b in blocks] == [(0, 6), (6, 12), (12, 16)]
+
+
+# -- the deferred receive --------------------------------------------------------------
+
+
+class RecordingOps:
+    """Stand-in for CamAsyncOps: records dispatches and combines, combines to ``layer``."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def dispatch(self, hidden: Any, ids: Any, layer: int, group: str) -> None:
+        self.calls.append(("dispatch", layer, group, hidden.shape[0]))
+
+    def combine(self, anchor: Any, ids: Any, weights: Any, group: str) -> Any:
+        self.calls.append(("combine", group, ids.shape[0]))
+        return torch.full((ids.shape[0], 4), float(ids[0, 0]) if ids.numel() else 0.0)
+
+
+def spec(config: AFDConfig, wire: WireSpec = WIRE, rank: int = 0) -> RuntimeSpec:
+    return RuntimeSpec(CONNECTOR, config, rank, wire, Fuse(CONNECTOR), lambda error: None)
+
+
+def endpoint() -> tuple[CamAsyncAttentionEndpoint, RecordingOps]:
+    ops = RecordingOps()
+    config = parse_afd_config(raw())
+    return CamAsyncAttentionEndpoint(spec(config), ops, ("g0", "g1")), ops  # type: ignore[arg-type]
+
+
+def begin(ep: CamAsyncAttentionEndpoint, step: int, *tokens: int) -> None:
+    stages = tuple(AFDDPMetadata(first_rank=0, num_tokens=(n,)) for n in tokens)
+    ep.begin_step(ControlPayload(step_id=step, sender_rank=0, stages=stages))
+
+
+def routed(rows: int, first: int) -> ExpertRouting:
+    ids = torch.tensor([[first, 7]] * rows, dtype=torch.int32)
+    return ExpertRouting(ids, torch.full((rows, 2), 0.5))
+
+
+def test_each_stage_receives_its_own_dispatches_in_order() -> None:
+    ep, ops = endpoint()
+    begin(ep, 0, 3, 2)
+    for layer in (1, 2):
+        ep.send(layer, 0, torch.zeros(3, 4), routing=routed(3, first=layer * 10 % 7))
+        ep.send(layer, 1, torch.zeros(2, 4), routing=routed(2, first=layer))
+        # The deferred receives: stage 0's, then stage 1's, each of its own stage's FIFO.
+        assert ep.recv(layer, 0)[0, 0] == layer * 10 % 7
+        assert ep.recv(layer, 1)[0, 0] == layer
+    assert ops.calls == [
+        ("dispatch", 1, "g0", 3), ("dispatch", 1, "g1", 2), ("combine", "g0", 3),
+        ("combine", "g1", 2), ("dispatch", 2, "g0", 3), ("dispatch", 2, "g1", 2),
+        ("combine", "g0", 3), ("combine", "g1", 2),
+    ]  # fmt: skip
+    stats = ep.stats()
+    # Experts 0..3 live on FFN rank 0, 4..7 on FFN rank 1 (ceil(8 / 2) = 4 per rank).
+    assert stats["dispatched_tokens"] == {"1": 5, "2": 5}
+    # Layer 1: experts (3, 7) x 3 tokens and (1, 7) x 2; layer 2: (6, 7) x 3 and (2, 7) x 2.
+    assert stats["dispatched_rows"] == {"0": {"1": 5, "2": 2}, "1": {"1": 5, "2": 8}}
+    begin(ep, 1, 4)  # the step was complete: the next one may begin
+
+
+@pytest.mark.parametrize(
+    ("receive", "says"),
+    [
+        ((1, 1), "stage 1, but that stage dispatched nothing"),
+        ((2, 0), "asks for the result of layer 2 stage 0, but that stage dispatched layer 1"),
+    ],
+)
+def test_a_receive_that_matches_no_dispatch_of_its_stage_is_refused(receive, says) -> None:
+    ep, _ = endpoint()
+    begin(ep, 0, 3, 2)
+    ep.send(1, 0, torch.zeros(3, 4), routing=routed(3, first=0))
+    with pytest.raises(AFDProtocolError, match=says):
+        ep.recv(*receive)
+
+
+def test_a_send_without_routing_or_with_router_logits_is_refused() -> None:
+    ep, _ = endpoint()
+    begin(ep, 0, 3)
+    with pytest.raises(AFDProtocolError, match="send each MoE layer's routing"):
+        ep.send(1, 0, torch.zeros(3, 4), router_logits=torch.zeros(3, 8))
