@@ -5,8 +5,6 @@ from __future__ import annotations
 import queue
 import threading
 
-import pytest
-
 from afd_core.connector import FFNWorkEndpoint, FFNWorkItem
 from afd_core.errors import AFDPeerError, AFDShutdown
 from afd_ffn.work_lanes import WorkLanes
