@@ -75,7 +75,7 @@ def serve_lane(rank: int, a: int, f: int, epr: int, name: str, count: int, seen:
 
 
 def answer_dispatches(rank: int, a: int, f: int, epr: int, name: str, count: int, seen: list):
-    world = (f, a, epr, rank, a + f, 1)
+    world = (f, a, epr, a + rank, a + f, 1)  # moe_rank_id: attention-first numbering
     for _ in range(count):
         expanded, _, info, counts = ops.afd_async_dispatch_recv(
             torch.empty(1, dtype=DTYPE), COMM, 0, MAX_TOKENS, H, K, *world[:4], world[4], 1,
@@ -174,11 +174,11 @@ def mispaired_ffn(port: int, fault: str, done: Any) -> str:
     provider, (name,), _ = open_rank(port, 1, 1, 0, timeout_s=10.0)
     try:
         out = ops.afd_async_dispatch_recv(torch.empty(1, dtype=DTYPE), COMM, 0, MAX_TOKENS, H, K,
-                                          1, 1, 4, 0, 2, 1, 0, name)  # fmt: skip
-        ops.afd_async_combine_send(out[0], COMM, out[2], 0, MAX_TOKENS, H, K, 1, 1, 4, 0, 2, 1,
+                                          1, 1, 4, 1, 2, 1, 0, name)  # fmt: skip
+        ops.afd_async_combine_send(out[0], COMM, out[2], 0, MAX_TOKENS, H, K, 1, 1, 4, 1, 2, 1,
                                    name)  # fmt: skip
         if fault == "answered twice":
-            ops.afd_async_combine_send(out[0], COMM, out[2], 0, MAX_TOKENS, H, K, 1, 1, 4, 0, 2,
+            ops.afd_async_combine_send(out[0], COMM, out[2], 0, MAX_TOKENS, H, K, 1, 1, 4, 1, 2,
                                        1, name)  # fmt: skip
         return "served"
     finally:
@@ -236,7 +236,7 @@ def idle_ffn(port: int, how: str) -> list[str]:
         for _ in range(2):
             try:
                 ops.afd_async_dispatch_recv(torch.empty(1, dtype=DTYPE), COMM, 0, MAX_TOKENS, H,
-                                            K, 1, 1, 4, 0, 2, 1, 0, name)  # fmt: skip
+                                            K, 1, 1, 4, 1, 2, 1, 0, name)  # fmt: skip
             except Exception as exc:
                 errors.append(type(exc).__name__)
         return errors
@@ -274,6 +274,6 @@ def idle_ffn_until_error(port: int) -> None:
     provider, (name,), _ = open_rank(port, 1, 1, 0, timeout_s=60.0)
     try:
         ops.afd_async_dispatch_recv(torch.empty(1, dtype=DTYPE), COMM, 0, MAX_TOKENS, H, K, 1, 1,
-                                    4, 0, 2, 1, 0, name)  # fmt: skip
+                                    4, 1, 2, 1, 0, name)  # fmt: skip
     finally:
         provider.close()

@@ -5,6 +5,7 @@ deferred-receive pairing (per-stage FIFOs) over stand-in ops that record their c
 
 from __future__ import annotations
 
+import json
 import re
 from types import SimpleNamespace
 from typing import Any
@@ -15,6 +16,7 @@ from afd_connectors_npu import hooks
 from afd_connectors_npu.cam_async import CamAsync, CamAsyncAttentionEndpoint, placement
 from afd_connectors_npu.connector import CAMAsyncAFDConnector
 from afd_core.assembly import Control, Layout, OpPlane, RuntimeSpec
+from afd_core.cli import main
 from afd_core.config import AFDConfig, parse_afd_config
 from afd_core.connector import ExpertRouting, WireSpec
 from afd_core.errors import AFDConfigError, AFDProtocolError
@@ -196,3 +198,23 @@ def test_a_send_without_routing_or_with_router_logits_is_refused() -> None:
     begin(ep, 0, 3)
     with pytest.raises(AFDProtocolError, match="send each MoE layer's routing"):
         ep.send(1, 0, torch.zeros(3, 4), router_logits=torch.zeros(3, 8))
+
+
+def test_a_cam_async_config_says_there_is_no_control_plane_and_when_steps_split(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = {
+        "role": "ffn",
+        "connector": "CAMAsyncAFDConnector",
+        "async_dp": True,
+        "compute_gate_on_attention": True,
+        "num_ffn_ranks": 3,
+        "connector_extra_config": {"async_moe_ubatching": True},
+    }
+    assert main(["check", json.dumps(config), "--num-experts", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "no control plane: each dispatch carries its layer and counts" in out
+    assert "control payloads" not in out
+    assert "stages: 2 per step: a scheduled batch splits at the request boundary" in out
+    assert "routed experts: 16 over 3 FFN rank(s) (ceil blocks)" in out
+    assert "FFN 2 holds experts 12..15 (4 experts)" in out

@@ -2,7 +2,9 @@
 
 The ops (afd-ascend-ops) take the world's shape and this rank's place in it on every
 call; :class:`CamAsyncOps` fixes those once and gives each role's two calls a name.
-Ranks are role ranks (``attn_rank_id``, ``moe_rank_id``); ``route_expert_num_per_moe``
+``attn_rank_id`` is the attention rank, ``moe_rank_id`` the FFN rank in the kernels'
+attention-first numbering (``A + f``, :attr:`CamAsyncOps.moe_rank_id`);
+``route_expert_num_per_moe``
 is ``ceil(E / F)``, which is also the placement rule (an expert's owner is
 ``expert // route_expert_num_per_moe``, :class:`afd_core.placement.ExpertPlacement` with
 ``rule="ceil"``); ``max_seq_len`` is ``max_num_batched_tokens`` (both roles agree on it,
@@ -39,6 +41,11 @@ class CamAsyncOps:
     top_k: int
     hidden_size: int
     max_seq_len: int
+
+    @property
+    def moe_rank_id(self) -> int:
+        """This FFN rank in the kernels' attention-first numbering."""
+        return self.num_attention_ranks + self.role_rank
 
     @property
     def world_size(self) -> int:
@@ -84,7 +91,7 @@ class CamAsyncOps:
         expanded, _, info, counts = torch.ops.afd_ascend.afd_async_dispatch_recv(
             torch.empty(1, dtype=dtype), _comm_args(), 0, self.max_seq_len, self.hidden_size,
             self.top_k, self.num_ffn_ranks, self.num_attention_ranks, self.experts_per_rank,
-            self.role_rank, self.world_size, TP_SIZE, 0, group,
+            self.moe_rank_id, self.world_size, TP_SIZE, 0, group,
         )  # fmt: skip
         return expanded, info, counts
 
@@ -96,7 +103,7 @@ class CamAsyncOps:
         torch.ops.afd_ascend.afd_async_combine_send(
             output, _comm_args(), batch_info, 0, self.max_seq_len, self.hidden_size,
             self.top_k, self.num_ffn_ranks, self.num_attention_ranks, self.experts_per_rank,
-            self.role_rank, self.world_size, TP_SIZE, group,
+            self.moe_rank_id, self.world_size, TP_SIZE, group,
         )  # fmt: skip
 
 

@@ -122,8 +122,9 @@ class Topology:
                 f"({key}={count}); raise {key} or fix the rank of this process"
             )
 
-    def describe(self) -> str:
-        """A human-readable multi-line description (used by ``afd check``)."""
+    def describe(self, announced: bool = True) -> str:
+        """A human-readable multi-line description (used by ``afd check``); ``announced``:
+        the connector's attention ranks announce their steps (False: in-band counts)."""
         lines = [
             f"AFD world: {self.world_size} ranks "
             f"({self.num_ffn_ranks} FFN first, then {self.num_attention_ranks} attention)"
@@ -136,6 +137,9 @@ class Topology:
             lines.append(
                 "  control payloads of every attention rank go to FFN 0 (world 0), which "
                 "forwards each step to the other FFN ranks"
+                if announced
+                else "  no control plane: each dispatch carries its layer and counts; every FFN "
+                "rank serves each attention rank's dispatches as they arrive (async DP)"
             )
             return "\n".join(lines)
         for f in range(self.num_ffn_ranks):

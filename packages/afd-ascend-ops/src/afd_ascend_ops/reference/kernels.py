@@ -110,7 +110,12 @@ def dispatch_recv(
 ) -> list[torch.Tensor]:
     """``afd_ascend::afd_async_dispatch_recv`` on CPU tensors (see the README)."""
     world = AsyncWorld(
-        moe_rank_num, attn_rank_num, route_expert_num_per_moe, moe_rank_id, world_size, tp_size
+        moe_rank_num,
+        attn_rank_num,
+        route_expert_num_per_moe,
+        moe_rank_id - attn_rank_num,
+        world_size,
+        tp_size,
     )
     return registry.lookup(group_name, AsyncGroup).dispatch_recv(
         x, world, max_seq_len, hidden_size, top_k, dynamic_quant
@@ -135,7 +140,12 @@ def combine_send(
 ) -> torch.Tensor:
     """``afd_ascend::afd_async_combine_send`` on CPU tensors (see the README)."""
     world = AsyncWorld(
-        moe_rank_num, attn_rank_num, route_expert_num_per_moe, moe_rank_id, world_size, tp_size
+        moe_rank_num,
+        attn_rank_num,
+        route_expert_num_per_moe,
+        moe_rank_id - attn_rank_num,
+        world_size,
+        tp_size,
     )
     return registry.lookup(group_name, AsyncGroup).combine_send(
         expand_x, batch_info, world, hidden_size

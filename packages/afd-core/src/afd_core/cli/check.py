@@ -23,6 +23,7 @@ from typing import Any
 
 from afd_core.coercion import show
 from afd_core.config import AFDConfig, parse_afd_config
+from afd_core.connector import WireSpec
 from afd_core.errors import AFDError
 from afd_core.placement import ExpertPlacement
 
@@ -120,7 +121,8 @@ def describe(config: AFDConfig, placement: ExpertPlacement | None = None) -> str
         world = topology.world_rank(config.role, config.role_rank)
         lines.append(f"This process: {config.role} rank {config.role_rank} (world {world})")
     lines.append(_describe_connector(config.connector))
-    lines.append(topology.describe())
+    lines.append(topology.describe(announced=_announces_steps(config)))
+    lines.append(_describe_stages(config))
     if placement is not None:
         lines.append(placement.describe())
     elif config.exchange == "expert":
@@ -142,6 +144,32 @@ def _describe_connector(name: str) -> str:
         required = str(spec.gate_on_attention).lower()
         lines.append(f"  requires compute_gate_on_attention {required}: it {spec.gate_reason}")
     return "\n".join(lines)
+
+
+def _announces_steps(config: AFDConfig) -> bool:
+    """Whether the connector's recipe announces steps (a connector without a recipe: yes)."""
+    from afd_core.assembly import Control
+    from afd_core.registry import get_registry
+
+    cls = get_registry().connectors[config.connector].load()
+    probe = WireSpec(hidden_size=1, dtype="bfloat16", num_exchange_layers=1)
+    try:
+        return bool(cls(config, 0, probe).recipe().control is Control.ANNOUNCED)
+    except NotImplementedError:
+        return True
+
+
+def _describe_stages(config: AFDConfig) -> str:
+    """How many stages a step runs, and when it splits."""
+    if config.num_stages == 1:
+        return "stages: one per step"
+    return (
+        "stages: 2 per step: a scheduled batch splits at the request boundary nearest half "
+        f"its tokens once it has {config.stage_decode_token_threshold} tokens (decodes only) "
+        f"or {config.stage_prefill_token_threshold} (with a prefill); smaller batches run as "
+        "one stage. While one stage's layer is on "
+        "its FFN round trip, the other stage computes its attention"
+    )
 
 
 def _load_json(argument: str) -> Any:
