@@ -41,6 +41,7 @@ from afd_core.assembly import (
 from afd_core.coercion import reject_unknown_fields
 from afd_core.connector import Connector
 from afd_core.errors import AFDConfigError
+from afd_core.partials import PartialsDtype, parse_partials_dtype
 from afd_core.transport import Transport
 
 if TYPE_CHECKING:
@@ -55,22 +56,24 @@ _CHOICES: tuple[TransportChoice, ...] = ("auto", "gloo", "nccl")
 class M2NExtraConfig:
     """``connector_extra_config`` of :class:`DeepEPM2NAFDConnector`.
 
-    ``transport``: ``"auto"`` (NCCL with CUDA, else gloo), ``"gloo"`` or ``"nccl"``.
+    ``transport``: ``"auto"`` (NCCL with CUDA, else gloo), ``"gloo"`` or ``"nccl"``;
+    ``partials_dtype``: ``"model"`` or ``"float32"`` (:mod:`afd_core.partials`).
     """
 
     transport: TransportChoice = "auto"
+    partials_dtype: PartialsDtype = "model"
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> M2NExtraConfig:
         """Parse ``raw`` strictly; AFDConfigError naming any unknown or invalid field."""
-        reject_unknown_fields(raw, ("transport",), "DeepEPM2NAFDConnector")
+        reject_unknown_fields(raw, ("transport", "partials_dtype"), "DeepEPM2NAFDConnector")
         transport = raw.get("transport", "auto")
         if transport not in _CHOICES:
             raise AFDConfigError(
                 f"AFD config: connector_extra_config.transport must be one of "
                 f"{list(_CHOICES)}, got {transport!r}"
             )
-        return cls(transport)
+        return cls(transport, parse_partials_dtype(raw, "DeepEPM2NAFDConnector"))
 
 
 class DeepEPM2NAFDConnector(Connector):
@@ -84,7 +87,7 @@ class DeepEPM2NAFDConnector(Connector):
 
     @classmethod
     def parse_extra_config(cls, raw: Mapping[str, Any]) -> M2NExtraConfig:
-        """Accept ``transport`` (see :class:`M2NExtraConfig`)."""
+        """Accept ``transport`` and ``partials_dtype`` (see :class:`M2NExtraConfig`)."""
         return M2NExtraConfig.parse(raw)
 
     def two_stage_problem(self) -> str | None:

@@ -17,6 +17,8 @@ from typing import Any
 
 from afd_core.coercion import reject_unknown_fields, to_bool, to_int_at_least
 from afd_core.errors import AFDConfigError
+from afd_core.partials import KEY as PARTIALS_KEY
+from afd_core.partials import PartialsDtype, parse_partials_dtype
 from afd_core.topology import Role
 
 
@@ -68,21 +70,26 @@ class CamExtraConfig:
 
 @dataclass(frozen=True)
 class CamAsyncExtraConfig:
-    """CAM async's ``connector_extra_config``: the CAM keys and ``async_moe_ubatching``."""
+    """CAM async's ``connector_extra_config``: the CAM keys, ``async_moe_ubatching`` and
+    ``partials_dtype`` (``"model"`` or ``"float32"``: the dtype of the expert rows the FFN
+    ranks return, :mod:`afd_core.partials`)."""
 
     cam: CamExtraConfig = CamExtraConfig()
     async_moe_ubatching: bool = False
+    partials_dtype: PartialsDtype = "model"
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any], connector: str) -> CamAsyncExtraConfig:
         """Parse ``raw``; AFDConfigError naming an unknown key or a bad value."""
-        keys = [f.name for f in fields(CamExtraConfig)] + ["async_moe_ubatching"]
+        keys = [f.name for f in fields(CamExtraConfig)] + ["async_moe_ubatching", PARTIALS_KEY]
         reject_unknown_fields(raw, keys, connector)
         ubatching = to_bool(
             "connector_extra_config.async_moe_ubatching", raw.get("async_moe_ubatching", False)
         )
-        rest = {key: value for key, value in raw.items() if key != "async_moe_ubatching"}
-        return cls(CamExtraConfig.parse(rest, connector), ubatching)
+        partials = parse_partials_dtype(raw, connector)
+        own = ("async_moe_ubatching", PARTIALS_KEY)
+        rest = {key: value for key, value in raw.items() if key not in own}
+        return cls(CamExtraConfig.parse(rest, connector), ubatching, partials)
 
     @property
     def num_stages(self) -> int:

@@ -22,10 +22,11 @@ from vllm.model_executor.models.utils import AutoWeightsLoader, maybe_prefix
 
 from afd_core.config import AFDConfig
 from afd_core.connector import ExpertRouting, WireSpec
+from afd_core.partials import partials_dtype
 from afd_core.placement import ExpertPlacement
 from afd_models.layers import FFNStack
 from afd_models.roles import FFN_NOT_SCHEDULED, afd_config, ffn_role_rank
-from afd_models.routed import LocalExperts, compute_local_experts
+from afd_models.routed import LocalExperts, compute_local_experts, keep_reference_weights
 from afd_models.weight_filter import role_weights
 
 if TYPE_CHECKING:
@@ -125,7 +126,8 @@ class FFNRoleMixin:
     ) -> torch.Tensor:
         """Expert-routed: this rank's experts of MoE layer ``layer`` on ``hidden``.
 
-        ``routing`` has local expert ids; see :func:`afd_models.routed.compute_local_experts`.
+        ``routing`` has local expert ids; see :func:`afd_models.routed.compute_local_experts`
+        (the result is float32 with ``partials_dtype`` ``"float32"``, else the model dtype).
         Raises ValueError for a layer without this rank's experts.
         """
         mlp = self.model.layers[layer].mlp if 0 <= layer < len(self.model.layers) else None
@@ -135,7 +137,7 @@ class FFNRoleMixin:
                 f"layers are {self.afd_wire.exchange_layers})"
             )
         if not hidden.shape[0]:
-            return hidden.clone()
+            return hidden.clone() if mlp.reference is None else hidden.float()
         return compute_local_experts(mlp, hidden, routing)
 
     def afd_wire_spec(self) -> WireSpec:
@@ -192,7 +194,12 @@ class FFNRoleMixin:
             placement=self.afd_placement,
             ffn_rank=self.afd_ffn_rank,
         )
-        return AutoWeightsLoader(self).load_weights(kept)
+        loaded = AutoWeightsLoader(self).load_weights(kept)
+        if partials_dtype(self.afd.connector_extra_config) == "float32":
+            for layer in self.model.layers:
+                if isinstance(layer.mlp, LocalExperts):
+                    keep_reference_weights(layer.mlp)
+        return loaded
 
     def forward(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise RuntimeError("AFD: " + FFN_NOT_SCHEDULED.format(what="forward"))

@@ -17,7 +17,11 @@ build the stock MoE block on both roles with vLLM's ``FusedMoEFactory`` replaced
 * **FFN role**: :func:`local_experts_factory` builds the stock runner for the rank's
   block of experts only (``num_experts`` = the block size, no gate, no shared experts, no
   routed scaling: those live on attention); :func:`compute_local_experts` runs vLLM's
-  expert kernels on received rows with the routing the attention rank chose.
+  expert kernels on received rows with the routing the attention rank chose. With
+  ``partials_dtype`` ``"float32"`` (:mod:`afd_core.partials`) it runs the reference
+  expert path instead (:func:`keep_reference_weights` at load time): float32 accumulation
+  up to the output, rounding only where vLLM's CPU expert kernel rounds (the intermediate
+  activation, to the model dtype), and a float32 result.
 """
 
 from __future__ import annotations
@@ -158,22 +162,46 @@ def local_experts_factory(num_local_experts: int) -> Callable[..., nn.Module]:
 
 
 class LocalExperts(nn.Module):
-    """An FFN rank's MoE block: only ``experts`` (the runner of its block of experts)."""
+    """An FFN rank's MoE block: only ``experts`` (the runner of its block of experts).
+
+    ``reference``: copies of the expert weights as loaded (``w13``, ``w2``), kept for the
+    float32 reference path (:func:`keep_reference_weights`), else None.
+    """
 
     def __init__(self, experts: nn.Module) -> None:
         super().__init__()
         self.experts = experts
+        self.reference: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+def keep_reference_weights(block: LocalExperts) -> None:
+    """Keep copies of ``block``'s expert weights as loaded (before vLLM repacks them for its
+    kernel), for :func:`compute_local_experts` in float32. AFDInstallError for an
+    activation the reference path does not have (it has SiLU-and-multiply, the
+    activation of every supported model)."""
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+
+    routed = block.experts.routed_experts
+    if routed.activation is not MoEActivation.SILU:
+        raise AFDInstallError(
+            f"AFD: partials_dtype float32 computes the experts with SiLU-and-multiply, but "
+            f'this MoE layer uses {routed.activation}; use partials_dtype "model"'
+        )
+    block.reference = (routed.w13_weight.detach().clone(), routed.w2_weight.detach().clone())
 
 
 def compute_local_experts(
     block: LocalExperts, hidden: torch.Tensor, routing: ExpertRouting
 ) -> torch.Tensor:
-    """Run vLLM's routed-expert kernels of ``block`` on ``hidden`` with ``routing``.
+    """Run the routed experts of ``block`` on ``hidden`` with ``routing``.
 
     ``routing`` holds local expert ids (int32) and float32 weights, ``[rows, top_k]``
     (weight 0 for slots whose expert lives on another rank). Returns the weighted sum of
-    the rank's experts per row in the model dtype.
+    the rank's experts per row: from vLLM's kernels in the model dtype, or, when the block
+    keeps reference weights, from the float32 reference path in float32.
     """
+    if block.reference is not None:
+        return experts_in_float32(block.reference, hidden, routing)
     routed = block.experts.routed_experts
     quant_method = routed.quant_method
     if quant_method.moe_quant_config is None:  # built after loading, as the runner does
@@ -181,3 +209,22 @@ def compute_local_experts(
     return routed.forward_modular(
         x=hidden, topk_weights=routing.topk_weights, topk_ids=routing.topk_ids
     )
+
+
+def experts_in_float32(
+    weights: tuple[torch.Tensor, torch.Tensor], hidden: torch.Tensor, routing: ExpertRouting
+) -> torch.Tensor:
+    """Each expert's SiLU MLP in float32 (the intermediate activation rounded to the model
+    dtype, as vLLM's CPU kernel rounds it), weighted and summed per row in float32."""
+    w13, w2 = weights
+    intermediate = w2.shape[2]
+    x = hidden.float()
+    out = torch.zeros((hidden.shape[0], w2.shape[1]), dtype=torch.float32, device=x.device)
+    ids, scale = routing.topk_ids.long(), routing.topk_weights.float()
+    for expert in torch.unique(ids[scale != 0]).tolist():
+        rows, slots = ((ids == expert) & (scale != 0)).nonzero(as_tuple=True)
+        gate_up = x[rows] @ w13[expert].float().t()
+        gate, up = gate_up[:, :intermediate], gate_up[:, intermediate:]
+        activation = (torch.nn.functional.silu(gate) * up).to(hidden.dtype).float()
+        out.index_add_(0, rows, (activation @ w2[expert].float().t()) * scale[rows, slots, None])
+    return out

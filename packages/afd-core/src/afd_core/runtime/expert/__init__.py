@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from afd_core.assembly import AttentionSide, FFNSide, Pattern, RuntimeSpec, TransportPlane
+from afd_core.partials import partials_dtype, wire_dtype
 from afd_core.placement import ExpertPlacement
 
 if TYPE_CHECKING:
@@ -62,6 +63,7 @@ class ExpertRouted(Pattern):
             placement=placement,
             ffn_peers=peers,
             control=side.announcer,  # type: ignore[arg-type]
+            partials=partials_wire_dtype(side.spec),
         )
 
     def ffn_endpoint(self, side: FFNSide) -> ExpertFFNEndpoint:
@@ -76,7 +78,14 @@ class ExpertRouted(Pattern):
             block=placement.block(side.spec.role_rank),
             links=side.links,
             relay=side.steps,  # type: ignore[arg-type]
+            partials=partials_wire_dtype(side.spec),
         )
+
+
+def partials_wire_dtype(spec: RuntimeSpec) -> str:
+    """The wire dtype of the FFN ranks' partial results: the model's, or float32 with
+    ``partials_dtype`` ``"float32"`` (:mod:`afd_core.partials`)."""
+    return wire_dtype(partials_dtype(spec.config.connector_extra_config), spec.wire.dtype)
 
 
 #: The expert-routed pattern.

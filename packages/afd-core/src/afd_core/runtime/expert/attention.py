@@ -121,6 +121,7 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
         placement: ExpertPlacement,
         ffn_peers: tuple[FFNPeer, ...],
         control: ControlSender,
+        partials: str | None = None,
     ) -> None:
         import torch
 
@@ -134,6 +135,8 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
         self._ffn_peers = ffn_peers
         self._control = control
         self._dtype = getattr(torch, wire.dtype)
+        #: The wire dtype of the FFN ranks' partial results (afd_core.partials).
+        self._partials = partials or wire.dtype
         self._layers = wire.exchange_layers
         self._exchanges = StepExchanges(self._layers, f"attention rank {self._role_rank}")
         self._header_writer = headers.HeaderWriter(wire)
@@ -182,7 +185,7 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
         for f, rows in enumerate(rows_per_rank(ids, self._owners, len(self._ffn_peers))):
             ffn, count = self._ffn_peers[f], rows.numel()
             self.dispatched.add(f, layer, count)
-            layout = FrameLayout.of(self._wire, count)
+            layout = FrameLayout.of(self._wire, count, self._partials)
             reply = torch.empty(layout.size, dtype=torch.uint8, device=device)
             sends = self._messages(step.step_id, layer, stage, f, hidden, ids, weights, rows)
             try:
@@ -219,7 +222,7 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
             self._header_writer.expect(raw, route.ffn.name, expected)
             if route.count:
                 partial = frame_rows(route.reply, route.reply_layout, self._wire.hidden_size,
-                                     self._dtype)  # fmt: skip
+                                     getattr(self._torch, self._partials))  # fmt: skip
                 parts.append((route.rows, partial))
         self._exchanges.finish()
         out = combine(inflight.tokens, parts, self._wire.hidden_size, self._dtype, transport.device)

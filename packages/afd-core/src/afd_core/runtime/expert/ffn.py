@@ -82,6 +82,7 @@ class ExpertFFNEndpoint(FFNEndpoint):
         block: range,
         links: BlockLinks,
         relay: StepSource,
+        partials: str | None = None,
     ) -> None:
         import torch
 
@@ -96,6 +97,9 @@ class ExpertFFNEndpoint(FFNEndpoint):
         self._relay = relay
         self._step: RelayedStep | None = None
         self._dtype = getattr(torch, wire.dtype)
+        #: The wire dtype of this rank's partial results (afd_core.partials).
+        self._partials = partials or wire.dtype
+        self._partials_dtype = getattr(torch, self._partials)
         self._layers = wire.exchange_layers
         self._exchanges = StepExchanges(self._layers, f"FFN rank {self._role_rank}")
         self._header_writer = headers.HeaderWriter(wire)
@@ -183,10 +187,10 @@ class ExpertFFNEndpoint(FFNEndpoint):
             )
         rows = sum(s.rows for s in sources)
         size = self._wire.hidden_size
-        if output.shape != (rows, size) or output.dtype != self._dtype:
+        if output.shape != (rows, size) or output.dtype != self._partials_dtype:
             raise AFDProtocolError(
-                f"AFD: output is {tuple(output.shape)} {output.dtype}, the routed rows say "
-                f"({rows}, {size}) {self._dtype}"
+                f"AFD: output is {tuple(output.shape)} {output.dtype}, the routed rows and "
+                f"partials_dtype say ({rows}, {size}) {self._partials_dtype}"
             )
         if output.device != self._transport.device:
             output = output.to(self._transport.device)
@@ -309,7 +313,7 @@ class ExpertFFNEndpoint(FFNEndpoint):
 
     def _reply(self, source: _Source, layer: int, stage: int, output: torch.Tensor) -> torch.Tensor:
         """``source``'s reply: a frame of the header, then its rows of ``output``."""
-        layout = FrameLayout.of(self._wire, source.rows)
+        layout = FrameLayout.of(self._wire, source.rows, self._partials)
         buffer = self._replies.get((source.rank, stage), layout.size)
         header = headers.MessageHeader(
             "f2a", source.step_id, layer, stage, source.rows, self._role_rank
@@ -317,7 +321,7 @@ class ExpertFFNEndpoint(FFNEndpoint):
         self._header_writer.write(buffer.header, 0, header)
         buffer.publish_header()
         if source.rows:
-            rows = frame_rows(buffer.tensor, layout, self._wire.hidden_size, self._dtype)
+            rows = frame_rows(buffer.tensor, layout, self._wire.hidden_size, self._partials_dtype)
             rows.copy_(output[source.offset : source.offset + source.rows])
         return buffer.tensor[: layout.size]
 

@@ -8,7 +8,8 @@
   bit-identical to leaving it out);
 * :func:`combine` (attention side): the FFN ranks' partial results summed per token in
   float32 and rounded once to the model dtype, as vLLM's MoE kernels round their top-k
-  sum once. With one FFN rank the partial *is* the result (no re-rounding at all).
+  sum once. With one FFN rank the partial *is* the result (no re-rounding at all; float32
+  partials are rounded once).
 """
 
 from __future__ import annotations
@@ -77,7 +78,9 @@ def combine(
 
     used = [(rows, partial) for rows, partial in parts if rows.numel()]
     if len(used) == 1 and used[0][0].numel() == num_tokens:
-        return used[0][1]  # every row from one rank, in order: nothing to add or round
+        # Every row from one rank, in order: nothing to add, at most one rounding (of
+        # float32 partials).
+        return used[0][1].to(dtype)
     total = torch.zeros((num_tokens, hidden_size), dtype=torch.float32, device=device)
     for rows, partial in used:
         total.index_add_(0, rows, partial.float())

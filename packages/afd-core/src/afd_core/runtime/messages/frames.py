@@ -63,9 +63,11 @@ class FrameLayout:
     logits_bytes: int
 
     @classmethod
-    def of(cls, wire: WireSpec, rows: int) -> FrameLayout:
-        """The layout of a frame of ``rows`` rows under ``wire``."""
-        hidden_bytes = rows * wire.hidden_size * DTYPE_SIZES[wire.dtype]
+    def of(cls, wire: WireSpec, rows: int, dtype: str | None = None) -> FrameLayout:
+        """The layout of a frame of ``rows`` rows under ``wire``, its rows in ``dtype``
+        (a wire dtype name; default the wire spec's: expert-routed replies may carry
+        float32 partials)."""
+        hidden_bytes = rows * wire.hidden_size * DTYPE_SIZES[dtype or wire.dtype]
         logits_bytes = rows * wire.router_logits_width * DTYPE_SIZES[wire.router_logits_dtype]
         return cls(rows, hidden_bytes, HEADER_BYTES + _round_up(hidden_bytes), logits_bytes)
 
