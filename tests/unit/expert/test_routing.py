@@ -111,3 +111,9 @@ def test_partials_are_added_in_float32_and_rounded_once():
     # one whole ulp.
     assert ((a + b) + b).item() == 1.0
     assert out.item() == 1.0 + 2.0**-7
+
+
+def test_one_float32_partial_is_rounded_once_to_the_model_dtype():
+    partial = torch.full((2, 1), 1.0 + 2.0**-9)  # a quarter bf16 ulp above 1.0
+    out = combine(2, [(torch.arange(2), partial)], 1, torch.bfloat16, torch.device("cpu"))
+    assert out.dtype == torch.bfloat16 and out.tolist() == [[1.0], [1.0]]
