@@ -13,7 +13,8 @@ the prompt batch ran as two stages.
 
 Coverage (CI): 1A1F, 2A2F and 1A2F, each with and without ``async_moe_ubatching``, over
 both tiny models (each layout with each setting once; each model with each setting at
-least once); the other six combinations carry the ``extended`` mark
+least once); the other six combinations, and two 1A2F cases with float32 partials
+(``partials_dtype``, held to the suite's own tolerance), carry the ``extended`` mark
 (``nox -s e2e_extended``). A stopped FFN peer: ``test_afd_failures.py``.
 """
 
@@ -60,11 +61,19 @@ class Case:
     num_attention_ranks: int
     num_ffn_ranks: int
     ubatching: bool
+    #: ``partials_dtype`` (afd_core.partials): "float32" rounds the MoE output once, as
+    #: monolithic vLLM does, so the suite's own tolerance applies.
+    partials: str = "model"
 
     @property
     def id(self) -> str:
         stages = "-ubatching" if self.ubatching else ""
-        return f"{self.model}-{self.num_attention_ranks}A{self.num_ffn_ranks}F{stages}"
+        partials = "-fp32-partials" if self.partials == "float32" else ""
+        return f"{self.model}-{self.num_attention_ranks}A{self.num_ffn_ranks}F{stages}{partials}"
+
+    @property
+    def rtol(self) -> float:
+        return BF16_RTOL if self.partials == "float32" else CAM_ASYNC_RTOL
 
 
 def _cases() -> list[object]:
@@ -83,6 +92,9 @@ def _cases() -> list[object]:
                 case = Case(model, a, f, ubatching)
                 key = (model, a, f, ubatching)
                 cases.append(case if key in ci else pytest.param(case, marks=pytest.mark.extended))
+    for model, ubatching in (("tiny-qwen3-moe", False), ("tiny-deepseek-v2", True)):
+        case = Case(model, 1, 2, ubatching, partials="float32")
+        cases.append(pytest.param(case, marks=pytest.mark.extended))
     return cases
 
 
@@ -96,7 +108,10 @@ def cam_async_spec(model: Path, case: Case) -> DeploymentSpec:
         compute_gate_on_attention=True,
         async_dp=True,
         num_stages=2 if case.ubatching else 1,
-        connector_extra_config={"async_moe_ubatching": case.ubatching},
+        connector_extra_config={
+            "async_moe_ubatching": case.ubatching,
+            "partials_dtype": case.partials,
+        },
         stage_decode_token_threshold=STAGE_TOKEN_THRESHOLD if case.ubatching else None,
         stage_prefill_token_threshold=STAGE_TOKEN_THRESHOLD if case.ubatching else None,
     )
@@ -119,7 +134,7 @@ def test_cam_async_afd_serves_the_same_tokens_as_monolithic_vllm(
         attention_stats = deployment.attention_stats()
     for afd in per_rank:
         assert [c.token_ids for c in afd] == [c.token_ids for c in reference]
-        problem = first_mismatch(reference, afd, atol=LOGPROB_ATOL, rtol=CAM_ASYNC_RTOL)
+        problem = first_mismatch(reference, afd, atol=LOGPROB_ATOL, rtol=case.rtol)
         assert problem is None, problem
 
     num_experts, moe_layers = moe_shape(model)
