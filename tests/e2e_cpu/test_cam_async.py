@@ -142,8 +142,14 @@ def test_cam_async_afd_serves_the_same_tokens_as_monolithic_vllm(
     for rank, stats in enumerate(ffn_stats):
         endpoint = stats["endpoint"]
         block = placement.block(rank)
-        # The running server holds exactly the CAM rule's block of experts.
+        # The running server holds exactly the CAM rule's block of experts: its connector
+        # routes by it, and its model loaded the weights of those experts, every MoE layer.
         assert endpoint["expert_block"] == [block.start, block.stop]
+        loaded = stats["loaded_experts"]
+        assert loaded == {
+            "block": [block.start, block.stop],
+            "per_layer": [len(block)] * len(moe_layers),
+        }
         received = {int(layer): rows for layer, rows in endpoint["received_rows"].items()}
         assert sorted(received) == moe_layers
         # What every attention rank dispatched to this FFN rank, layer by layer, arrived.

@@ -163,6 +163,11 @@ class FFNServer:
         )
 
     @property
+    def model(self) -> FFNModel:
+        """The FFN model this server computes with."""
+        return self._model
+
+    @property
     def role_rank(self) -> int:
         """This FFN rank."""
         return self._connector.role_rank

@@ -108,12 +108,17 @@ class FFNWorkerMixin:
             raise AFDError(f"AFD FFN server failed: {server.error}") from server.error
 
     def afd_stats(self) -> dict[str, Any]:
-        """The FFN server's counters (:class:`~afd_ffn.stats.FFNStats`) and, once connected,
-        its endpoint's (``"endpoint"``: e.g. the expert block and rows per layer)."""
+        """The FFN server's counters (:class:`~afd_ffn.stats.FFNStats`), once connected its
+        endpoint's (``"endpoint"``: e.g. the expert block and rows per layer) and, for an
+        expert-routed model, the experts its weights hold (``"loaded_experts"``)."""
         server = self._afd_server
         if server is None:
             raise AFDError("AFD FFN: the FFN server has not started yet (model still loading)")
-        return server.stats.as_dict() | {"endpoint": server.endpoint_stats()}
+        stats = server.stats.as_dict() | {"endpoint": server.endpoint_stats()}
+        loaded = getattr(server.model, "afd_loaded_experts", None)
+        if callable(loaded) and (experts := loaded()) is not None:
+            stats["loaded_experts"] = experts
+        return stats
 
     def shutdown(self) -> None:
         """Stop the FFN server (bounded), then shut down vLLM's worker."""

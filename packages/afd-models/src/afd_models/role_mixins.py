@@ -121,6 +121,19 @@ class FFNRoleMixin:
         self.num_redundant_experts = 0
         return local
 
+    def afd_loaded_experts(self) -> dict[str, Any] | None:
+        """Expert-routed: the global expert ids this rank's model holds (``block``,
+        ``[start, stop]``) and the experts whose weights each MoE layer loaded
+        (``per_layer``); None for a model holding every expert."""
+        if self.afd_placement is None:
+            return None
+        block = self.afd_placement.block(self.afd_ffn_rank)
+        local = [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, LocalExperts)]
+        return {
+            "block": [block.start, block.stop],
+            "per_layer": [int(m.experts.routed_experts.w13_weight.shape[0]) for m in local],
+        }
+
     def afd_compute_experts(
         self, layer: int, hidden: torch.Tensor, routing: ExpertRouting
     ) -> torch.Tensor:
