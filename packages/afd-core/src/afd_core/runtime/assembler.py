@@ -252,7 +252,10 @@ def _attention_on_links(spec: RuntimeSpec, recipe: Recipe, parts: Parts) -> obje
     worlds: dict[int, World] = {}
 
     def lost(world: World, error: AFDPeerError) -> None:
-        for each in worlds.values():  # every wait on every link ends: the rank fails
+        # The rank fails: the failure first, so that every wait the interrupts end
+        # reports it (not "closed the connection"), then every wait on every link ends.
+        spec.fuse.blow(error)
+        for each in worlds.values():
             each.interrupt()
         peer_lost(spec, world, error)
 

@@ -330,7 +330,10 @@ def open_ffn_links(
     def lost(world: World, error: AFDPeerError) -> None:
         link = links.of_world(world)
         if link is None or not links.lose(link, error):
-            links.interrupt()  # the FFN rank fails: every wait on every link ends
+            # The FFN rank fails: the failure first, so that every wait the interrupt
+            # ends reports it, then every wait on every link ends.
+            spec.fuse.blow(error)
+            links.interrupt()
             peer_lost(spec, world, error)
 
     def departed(world: World, peer: int, error: AFDPeerError) -> None:
