@@ -218,3 +218,68 @@ def test_a_cam_async_config_says_there_is_no_control_plane_and_when_steps_split(
     assert "stages: 2 per step: a scheduled batch splits at the request boundary" in out
     assert "routed experts: 16 over 3 FFN rank(s) (ceil blocks)" in out
     assert "FFN 2 holds experts 12..15 (4 experts)" in out
+
+
+# -- the FFN side: work items -------------------------------------------------------------
+
+
+class ReceivingOps:
+    """Stand-in for CamAsyncOps on an FFN rank: hands out queued dispatches, records answers."""
+
+    def __init__(self, dispatches: list[tuple[int, int, list[int]]]) -> None:
+        #: (attention rank, layer, rows per local expert) of each dispatch, in order.
+        self.dispatches = list(dispatches)
+        self.answers: list[tuple[int, str]] = []
+
+    def receive(self, dtype: Any, group: str) -> tuple[Any, Any, Any]:
+        rank, layer, counts = self.dispatches.pop(0)
+        rows = sum(counts)
+        info = torch.tensor([3, rank, layer, rows, 0, 3] + [0] * (1 + len(counts)))
+        return torch.zeros((16, 4), dtype=dtype), info, torch.tensor(counts)
+
+    def answer(self, output: Any, info: Any, group: str) -> None:
+        self.answers.append((int(info[1]), group))
+
+
+def ffn_endpoint(ops: ReceivingOps, num_ffn_ranks: int = 2, rank: int = 0):
+    from afd_connectors_npu.cam_async import CamAsyncFFNEndpoint
+
+    config = parse_afd_config(raw(role="ffn", num_ffn_ranks=num_ffn_ranks))
+    return CamAsyncFFNEndpoint(spec(config, rank=rank), ops, ("g0", "g1"))  # type: ignore[arg-type]
+
+
+def test_a_dispatch_becomes_a_work_item_of_expanded_rows_with_unit_weights() -> None:
+    ops = ReceivingOps([(1, 1, [2, 0, 1, 1])])
+    ep = ffn_endpoint(ops)
+    item = ep.next_work(0)
+    assert (item.attention_rank, item.layer, item.lane) == (1, 1, 0)
+    assert item.hidden.shape == (4, 4)
+    assert item.routing.topk_ids.flatten().tolist() == [0, 0, 2, 3]  # grouped by local expert
+    assert item.routing.topk_weights.flatten().tolist() == [1.0] * 4  # weights stay on attention
+    ep.send_work(item, torch.zeros(4, 4))
+    assert ops.answers == [(1, "g0")]
+    assert ep.stats() == {"expert_block": [0, 4], "received_rows": {"1": 4}, "work_items": 1,
+                          "tokens": 3}  # fmt: skip
+    assert ep.num_lanes == 2
+
+
+def test_each_attention_rank_and_lane_must_send_its_moe_layers_in_order() -> None:
+    # Layers 1 and 2 exchange; attention rank 0 sends layer 1 on both lanes, then layer 1
+    # again on lane 0 where layer 2 was due.
+    ops = ReceivingOps([(0, 1, [1, 0, 0, 0]), (0, 1, [1, 0, 0, 0]), (0, 1, [1, 0, 0, 0])])
+    ep = ffn_endpoint(ops)
+    ep.next_work(0)
+    ep.next_work(1)
+    with pytest.raises(
+        AFDProtocolError, match="dispatched layer 1 on lane 0 where its layer 2 was due"
+    ):
+        ep.next_work(0)
+
+
+def test_rows_for_experts_the_rank_does_not_hold_are_refused() -> None:
+    # Three FFN ranks over 8 experts: ceil(8 / 3) = 3 per rank, the last holds 2 (6, 7).
+    ops = ReceivingOps([(0, 1, [0, 0, 1])])  # a row for the third of 3 local slots
+    ep = ffn_endpoint(ops, num_ffn_ranks=3, rank=2)
+    assert ep.stats()["expert_block"] == [6, 8]
+    with pytest.raises(AFDProtocolError, match="FFN rank 2 does not hold"):
+        ep.next_work(0)
