@@ -14,6 +14,7 @@ monolithic server:
 Usage (about 15 minutes on a 2-core host)::
 
     python benchmarks/partials_precision.py [--models tiny-qwen3-moe tiny-deepseek-v2]
+        [--connectors DeepEPM2NAFDConnector CAMAsyncAFDConnector]
 
 Prints one line per (model, server) and the host's processor.
 """
@@ -94,6 +95,9 @@ def monolithic(model: Path, work: Path, cache: Path, name: str) -> VllmServer:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--models", nargs="+", default=["tiny-qwen3-moe", "tiny-deepseek-v2"])
+    parser.add_argument(
+        "--connectors", nargs="+", default=["DeepEPM2NAFDConnector", "CAMAsyncAFDConnector"]
+    )
     args = parser.parse_args()
     print(f"host: {cpu_model()}, load {load_average()}")
     with tempfile.TemporaryDirectory(prefix="afd-partials-") as tmp:
@@ -107,7 +111,7 @@ def main() -> int:
                 with server:
                     server.wait_healthy(time.monotonic() + 300)
                     runs[label] = run_workloads(server.url)
-            for connector in ("DeepEPM2NAFDConnector", "CAMAsyncAFDConnector"):
+            for connector in args.connectors:
                 for partials in ("model", "float32"):
                     extra: dict[str, Any] = {"partials_dtype": partials}
                     if connector == "DeepEPM2NAFDConnector":
