@@ -92,6 +92,28 @@ def moe_shape(model: Path) -> tuple[int, list[int]]:
     return int(experts), list(range(dense, config.num_hidden_layers))
 
 
+def assert_each_ffn_rank_got_its_rows(
+    ffn_stats: list[dict], attention_stats: list[dict], placement: ExpertPlacement,
+    moe_layers: list[int],
+) -> None:  # fmt: skip
+    """Each FFN rank's connector routes by its block of ``placement`` and received, layer
+    by layer, exactly the rows every attention rank dispatched to it."""
+    for rank, stats in enumerate(ffn_stats):
+        endpoint = stats["endpoint"]
+        block = placement.block(rank)
+        # The running server holds exactly its block of experts.
+        assert endpoint["expert_block"] == [block.start, block.stop]
+        received = {int(layer): rows for layer, rows in endpoint["received_rows"].items()}
+        assert sorted(received) == moe_layers
+        # What every attention rank routed to this FFN rank, layer by layer, arrived.
+        sent = {layer: 0 for layer in moe_layers}
+        for attention in attention_stats:
+            for layer, rows in attention["endpoint"]["dispatched_rows"][str(rank)].items():
+                sent[int(layer)] += rows
+        assert received == sent
+        assert stats["rows"] == sum(received.values())
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_expert_routed_afd_serves_the_same_tokens_as_monolithic_vllm(
     case: Case,
@@ -125,20 +147,7 @@ def test_expert_routed_afd_serves_the_same_tokens_as_monolithic_vllm(
 
     num_experts, moe_layers = moe_shape(model)
     placement = ExpertPlacement(num_experts, NUM_FFN_RANKS)
-    for rank, stats in enumerate(ffn_stats):
-        endpoint = stats["endpoint"]
-        block = placement.block(rank)
-        # The running server holds exactly its block of experts.
-        assert endpoint["expert_block"] == [block.start, block.stop]
-        received = {int(layer): rows for layer, rows in endpoint["received_rows"].items()}
-        assert sorted(received) == moe_layers
-        # What every attention rank routed to this FFN rank, layer by layer, arrived.
-        sent = {layer: 0 for layer in moe_layers}
-        for attention in attention_stats:
-            for layer, rows in attention["endpoint"]["dispatched_rows"][str(rank)].items():
-                sent[int(layer)] += rows
-        assert received == sent
-        assert stats["rows"] == sum(received.values())
+    assert_each_ffn_rank_got_its_rows(ffn_stats, attention_stats, placement, moe_layers)
     # Every token of every step reached at least one FFN rank per MoE layer, and routing
     # split them: per layer, fewer rows in all than tokens times FFN ranks (a token whose
     # two experts share a rank goes to that rank only).

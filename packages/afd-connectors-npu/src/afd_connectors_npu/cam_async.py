@@ -122,12 +122,12 @@ class CamAsyncAttentionEndpoint(AttentionEndpoint):
         self._tokens: tuple[int, ...] = ()
         #: Per stage, the dispatches awaiting their combine: (layer, routing), oldest first.
         self._queues: tuple[deque[tuple[int, ExpertRouting]], ...] = tuple(deque() for _ in groups)
-        #: Expanded rows (token, expert pairs) dispatched, by FFN rank, then by layer;
-        #: tokens dispatched, by layer.
-        self._dispatched_rows: dict[int, dict[int, int]] = {
-            f: {} for f in range(spec.topology.num_ffn_ranks)
-        }
-        self._dispatched_tokens: dict[int, int] = {}
+        self._layer_index = {layer: i for i, layer in enumerate(spec.wire.exchange_layers)}
+        #: Counters kept on the routing's device (no host read per layer): expanded rows
+        #: (token, expert pairs) dispatched ``[FFN rank, layer index]``, tokens ``[layer]``.
+        self._dispatched_rows: torch.Tensor | None = None
+        self._dispatched_tokens = [0] * len(self._layer_index)
+        self._anchor: torch.Tensor | None = None  # combine's output dtype
 
     @guarded
     def begin_step(self, payload: ControlPayload) -> None:
@@ -173,12 +173,20 @@ class CamAsyncAttentionEndpoint(AttentionEndpoint):
             layer, self._groups[stage],
         )  # fmt: skip
         self._queues[stage].append((layer, ExpertRouting(ids, routing.topk_weights.float())))
-        owners = torch.bincount(ids.reshape(-1).long() // self._owner_block,
-                                minlength=len(self._dispatched_rows))  # fmt: skip
-        for ffn_rank, rows in enumerate(owners.tolist()):
-            counts = self._dispatched_rows[ffn_rank]
-            counts[layer] = counts.get(layer, 0) + rows
-        self._dispatched_tokens[layer] = self._dispatched_tokens.get(layer, 0) + hidden.shape[0]
+        self._count(layer, ids, hidden.shape[0])
+
+    def _count(self, layer: int, ids: torch.Tensor, tokens: int) -> None:
+        """Add a dispatch to the counters (on the routing's device: no host read)."""
+        import torch
+
+        ffn_ranks = self._spec.topology.num_ffn_ranks
+        if self._dispatched_rows is None:
+            shape = (ffn_ranks, len(self._layer_index))
+            self._dispatched_rows = torch.zeros(shape, dtype=torch.int64, device=ids.device)
+        owners = ids.reshape(-1).long() // self._owner_block
+        index = self._layer_index[layer]
+        self._dispatched_rows[:, index] += torch.bincount(owners, minlength=ffn_ranks)
+        self._dispatched_tokens[index] += tokens
 
     @guarded
     def recv(self, layer: int, stage: int) -> torch.Tensor:
@@ -195,9 +203,10 @@ class CamAsyncAttentionEndpoint(AttentionEndpoint):
                 "each dispatch once, in order"
             )
         _, routing = queue.popleft()
-        anchor = torch.empty(1, dtype=getattr(torch, self._spec.wire.dtype))
+        if self._anchor is None:
+            self._anchor = torch.empty(1, dtype=getattr(torch, self._spec.wire.dtype))
         result: torch.Tensor = call_op(
-            self._fuse, layer_of_step(layer, self._step_id), self._ops.combine, anchor,
+            self._fuse, layer_of_step(layer, self._step_id), self._ops.combine, self._anchor,
             routing.topk_ids, routing.topk_weights, self._groups[stage],
         )  # fmt: skip
         self._exchanges.finish()
@@ -206,12 +215,15 @@ class CamAsyncAttentionEndpoint(AttentionEndpoint):
     def stats(self) -> dict[str, Any]:
         """``dispatched_rows``: by FFN rank, by layer, the (token, expert) pairs sent;
         ``dispatched_tokens``: by layer, the tokens dispatched."""
+        sent = [] if self._dispatched_rows is None else self._dispatched_rows.tolist()
         return {
             "dispatched_rows": {
-                str(f): {str(layer): rows for layer, rows in by_layer.items()}
-                for f, by_layer in self._dispatched_rows.items()
+                str(f): {str(layer): by_layer[i] for layer, i in self._layer_index.items()}
+                for f, by_layer in enumerate(sent)
             },
-            "dispatched_tokens": {str(k): v for k, v in self._dispatched_tokens.items()},
+            "dispatched_tokens": {
+                str(layer): self._dispatched_tokens[i] for layer, i in self._layer_index.items()
+            },
         }
 
 

@@ -17,6 +17,7 @@ device's: the CPU reference kernels on CPU tensors, the Ascend kernels on NPU te
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -107,8 +108,9 @@ class CamAsyncOps:
         )  # fmt: skip
 
 
+@functools.cache
 def _comm_args() -> torch.Tensor:
-    """The compiled kernels' ``comm_args`` placeholder."""
+    """The compiled kernels' ``comm_args`` placeholder (read by no op: made once)."""
     import torch
 
     return torch.zeros(1, dtype=torch.float16)

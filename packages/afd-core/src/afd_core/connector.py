@@ -534,7 +534,7 @@ class Connector:
     def serves_work_items(self) -> bool:
         """True when the FFN endpoint gives work items (:class:`FFNWorkEndpoint`), not
         steps; after :meth:`initialize`."""
-        return isinstance(self._endpoint("ffn", ABC), FFNWorkEndpoint)
+        return isinstance(self._endpoint("ffn", object), FFNWorkEndpoint)
 
     def endpoint_stats(self) -> dict[str, Any]:
         """The role endpoint's counters ({} before :meth:`initialize` and after close)."""

@@ -109,13 +109,8 @@ def dispatch_recv(
     group_name: str,
 ) -> list[torch.Tensor]:
     """``afd_ascend::afd_async_dispatch_recv`` on CPU tensors (see the README)."""
-    world = AsyncWorld(
-        moe_rank_num,
-        attn_rank_num,
-        route_expert_num_per_moe,
-        moe_rank_id - attn_rank_num,
-        world_size,
-        tp_size,
+    world = ffn_world(
+        moe_rank_num, attn_rank_num, route_expert_num_per_moe, moe_rank_id, world_size, tp_size
     )
     return registry.lookup(group_name, AsyncGroup).dispatch_recv(
         x, world, max_seq_len, hidden_size, top_k, dynamic_quant
@@ -139,13 +134,8 @@ def combine_send(
     group_name: str,
 ) -> torch.Tensor:
     """``afd_ascend::afd_async_combine_send`` on CPU tensors (see the README)."""
-    world = AsyncWorld(
-        moe_rank_num,
-        attn_rank_num,
-        route_expert_num_per_moe,
-        moe_rank_id - attn_rank_num,
-        world_size,
-        tp_size,
+    world = ffn_world(
+        moe_rank_num, attn_rank_num, route_expert_num_per_moe, moe_rank_id, world_size, tp_size
     )
     return registry.lookup(group_name, AsyncGroup).combine_send(
         expand_x, batch_info, world, hidden_size
@@ -174,6 +164,22 @@ def combine_recv(
     return registry.lookup(group_name, AsyncGroup).combine_recv(
         expand_x, expert_ids, expert_scales, world, batch_size, hidden_size, top_k
     )
+
+
+def ffn_world(
+    moe_rank_num: int,
+    attn_rank_num: int,
+    route_expert_num_per_moe: int,
+    moe_rank_id: int,
+    world_size: int,
+    tp_size: int,
+) -> AsyncWorld:
+    """An FFN rank's world arguments, its ``moe_rank_id`` (attention-first numbering)
+    turned into its FFN rank."""
+    return AsyncWorld(
+        moe_rank_num, attn_rank_num, route_expert_num_per_moe, moe_rank_id - attn_rank_num,
+        world_size, tp_size,
+    )  # fmt: skip
 
 
 #: The CPU kernel of each op, by op name.
