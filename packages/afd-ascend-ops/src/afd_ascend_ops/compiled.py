@@ -1,0 +1,65 @@
+"""Loading the compiled Ascend kernels: :func:`load_npu_kernels`, with errors that say what
+is missing.
+
+The compiled extension ``afd_ascend_ops._C`` (built only when the build switch says so,
+:mod:`afd_ascend_ops.build_switch`) registers the ``PrivateUse1`` (NPU) kernels of the ops
+:mod:`afd_ascend_ops.ops` defines; the CPU reference kernels need none of it. Asked for
+where it cannot work (no torch-npu, a pure wheel, an extension that registered nothing),
+:func:`load_npu_kernels` raises AFDInstallError naming the missing piece and how to get
+it. Hardware-unverified: no Ascend device or CANN toolchain was available to this project,
+so the success path has not run; the failure paths are tested with the imports injected.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from afd_ascend_ops.schemas import NAMESPACE, SCHEMAS
+from afd_core.errors import AFDInstallError
+
+#: The compiled extension's module.
+EXTENSION = "afd_ascend_ops._C"
+#: The dispatch key the compiled kernels register.
+NPU_KEY = "PrivateUse1"
+
+
+def load_npu_kernels(
+    find_spec: Callable[[str], Any] = importlib.util.find_spec,
+    import_module: Callable[[str], ModuleType] = importlib.import_module,
+    has_kernel: Callable[[str, str], bool] | None = None,
+) -> None:
+    """Import torch-npu and the compiled extension, then check that every ``afd_ascend``
+    op has an NPU kernel. Idempotent. Raises AFDInstallError naming what is missing."""
+    if find_spec("torch_npu") is None:
+        raise AFDInstallError(
+            "afd_ascend: the compiled Ascend kernels run on NPU tensors, and torch-npu is "
+            "not installed; install torch-npu and CANN on an Ascend host, or call the ops "
+            "on CPU tensors (the reference kernels)"
+        )
+    if find_spec(EXTENSION) is None:
+        raise AFDInstallError(
+            "afd_ascend: this afd-ascend-ops is a pure wheel, built without its Ascend "
+            "kernels (AFD_BUILD_ASCEND_OPS unset and no CANN toolchain at build time); "
+            "reinstall it in the CANN image: AFD_BUILD_ASCEND_OPS=1 pip install "
+            "--no-build-isolation afd-ascend-ops"
+        )
+    import_module("torch_npu")
+    import_module("afd_ascend_ops.ops")  # the schemas, before the kernels attach to them
+    import_module(EXTENSION)
+    check = has_kernel or _has_kernel
+    missing = [name for name in SCHEMAS if not check(f"{NAMESPACE}::{name}", NPU_KEY)]
+    if missing:
+        raise AFDInstallError(
+            f"afd_ascend: {EXTENSION} loaded but registered no {NPU_KEY} kernel for "
+            f"{', '.join(missing)}; rebuild afd-ascend-ops against this torch and torch-npu"
+        )
+
+
+def _has_kernel(op: str, key: str) -> bool:
+    import torch
+
+    return bool(torch._C._dispatch_has_kernel_for_dispatch_key(op, key))

@@ -1,0 +1,39 @@
+"""What load_npu_kernels says when a piece is missing (imports injected; no NPU here)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from afd_ascend_ops.compiled import EXTENSION, load_npu_kernels
+from afd_core.errors import AFDInstallError
+
+
+def finder(*present: str):
+    return lambda name: object() if name in present else None
+
+
+def importer(name: str) -> types.ModuleType:
+    return types.ModuleType(name)
+
+
+def test_without_torch_npu_it_says_to_install_it_or_use_cpu_tensors() -> None:
+    with pytest.raises(AFDInstallError, match=r"torch-npu is not installed; .* on CPU tensors"):
+        load_npu_kernels(finder(EXTENSION), importer)
+
+
+def test_a_pure_wheel_says_how_to_build_the_kernels() -> None:
+    with pytest.raises(
+        AFDInstallError, match=r"AFD_BUILD_ASCEND_OPS=1 pip install --no-build-isolation"
+    ):
+        load_npu_kernels(finder("torch_npu"), importer)
+
+
+def test_an_extension_without_npu_kernels_names_the_ops() -> None:
+    with pytest.raises(AFDInstallError, match=r"registered no PrivateUse1 kernel for a2e, e2a"):
+        load_npu_kernels(finder("torch_npu", EXTENSION), importer, lambda op, key: False)
+
+
+def test_with_every_piece_it_loads() -> None:
+    load_npu_kernels(finder("torch_npu", EXTENSION), importer, lambda op, key: True)
