@@ -71,8 +71,15 @@ class _DriverHolder:
         return driver
 
 
-class AttentionRunnerMixin(_DriverHolder):
-    """Begins an AFD step for every forward of a vLLM V1 model runner."""
+class AttentionRunnerCore(_DriverHolder):
+    """What the V1 attention runners of every platform share: the AFD step of a scheduled
+    forward (:meth:`_afd_forward`), two stages per step, the labels of dummy runs.
+
+    A platform's mixin adds ``_model_forward`` with its base runner's signature and hands
+    :meth:`_afd_forward` a call of that base method: :class:`AttentionRunnerMixin` for
+    vLLM's CUDA and CPU runners, the NPU mixin (``afd_attention.worker_npu``) for
+    vllm-ascend's, whose ``_model_forward`` takes the padded token count first.
+    """
 
     #: The stages :meth:`_build_attention_metadata` planned for the next forward.
     _afd_stage_plan: tuple[StageSlice, ...] | None = None
@@ -83,15 +90,17 @@ class AttentionRunnerMixin(_DriverHolder):
             raise AFDError("AFD attention runner: a two-stage step without the stage threads")
         return stages
 
-    def _model_forward(
+    def _afd_forward(
         self,
-        input_ids: Any = None,
-        positions: Any = None,
-        intermediate_tensors: Any = None,
-        inputs_embeds: Any = None,
-        **model_kwargs: Any,
+        base: Callable[..., Any],
+        input_ids: Any,
+        positions: Any,
+        intermediate_tensors: Any,
+        inputs_embeds: Any,
+        model_kwargs: dict[str, Any],
     ) -> Any:
-        """Begin the step with the scheduled token count, then run the model (vLLM's)."""
+        """Begin the step with the scheduled token count, then run the model through
+        ``base`` (the platform runner's ``_model_forward``, called with keywords)."""
         tokens = input_ids if input_ids is not None else inputs_embeds
         if tokens is None:
             raise AFDError(
@@ -101,7 +110,7 @@ class AttentionRunnerMixin(_DriverHolder):
         driver = self._afd_require_driver()
 
         def forward() -> Any:
-            return super(AttentionRunnerMixin, self)._model_forward(  # type: ignore[misc]
+            return base(
                 input_ids=input_ids,
                 positions=positions,
                 intermediate_tensors=intermediate_tensors,
@@ -120,7 +129,7 @@ class AttentionRunnerMixin(_DriverHolder):
                     f'{intermediate_tensors is not None}); set "num_stages": 1 on both roles'
                 )
             return self._afd_run_stages(
-                driver, plan, tokens.shape[0], input_ids, positions, inputs_embeds
+                driver, base, plan, tokens.shape[0], input_ids, positions, inputs_embeds
             )
         driver.begin_step(tokens.shape[0], SCHEDULED)
         return forward()
@@ -128,6 +137,7 @@ class AttentionRunnerMixin(_DriverHolder):
     def _afd_run_stages(
         self,
         driver: StepDriver,
+        base: Callable[..., Any],
         plan: tuple[StageSlice, ...],
         num_tokens: int,
         input_ids: Any,
@@ -161,10 +171,9 @@ class AttentionRunnerMixin(_DriverHolder):
             )
             for s, part in enumerate(token_slices)
         ]
-        model_forward = super()._model_forward  # type: ignore[misc]
 
         def stage_forward(part: slice) -> Callable[[], Any]:
-            return lambda: model_forward(
+            return lambda: base(
                 input_ids=None if input_ids is None else input_ids[part],
                 positions=None if positions is None else positions[..., part],
                 intermediate_tensors=None,
@@ -253,6 +262,24 @@ class AttentionRunnerMixin(_DriverHolder):
         capture = driver.graph_capture() if flags.is_graph_capturing else nullcontext()
         with driver.dummy_flags(flags), capture:
             return dummy_run(num_tokens, *args, **kwargs)
+
+
+class AttentionRunnerMixin(AttentionRunnerCore):
+    """Begins an AFD step for every forward of a vLLM V1 model runner (CUDA, CPU)."""
+
+    def _model_forward(
+        self,
+        input_ids: Any = None,
+        positions: Any = None,
+        intermediate_tensors: Any = None,
+        inputs_embeds: Any = None,
+        **model_kwargs: Any,
+    ) -> Any:
+        """Begin the step with the scheduled token count, then run the model (vLLM's)."""
+        base = super()._model_forward  # type: ignore[misc]
+        return self._afd_forward(
+            base, input_ids, positions, intermediate_tensors, inputs_embeds, model_kwargs
+        )
 
 
 class AttentionRunnerV2Mixin(_DriverHolder):
