@@ -29,6 +29,12 @@ def afd_workers() -> list[WorkerSpec]:
             target="afd_attention.worker_cuda:AFDAttentionCUDAWorker",
             distribution="afd-attention",
         ),
+        WorkerSpec(
+            role="attention",
+            platform="npu",
+            target="afd_attention.worker_npu:AFDAttentionNPUWorker",
+            distribution="afd-attention",
+        ),
     ]
 
 

@@ -27,6 +27,12 @@ def afd_workers() -> list[WorkerSpec]:
             target="afd_ffn.worker_cuda:AFDFFNCUDAWorker",
             distribution="afd-ffn",
         ),
+        WorkerSpec(
+            role="ffn",
+            platform="npu",
+            target="afd_ffn.worker_npu:AFDFFNNPUWorker",
+            distribution="afd-ffn",
+        ),
     ]
 
 

@@ -58,7 +58,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import Any
 
 from afd_core.connector import Connector, ExpertRouting, FFNStep, FFNWorkItem
@@ -99,6 +99,9 @@ class FFNServer:
 
     ``connector`` must not be initialised yet (the thread does it, bounded by the AFD
     timeout). ``compute_context`` returns the context each step runs in;
+    ``batch_context(rows)`` the context of each received batch inside it (a platform
+    whose MoE communication depends on the batch's size, such as vllm-ascend's, sets its
+    forward context there; default: nothing);
     ``on_failure`` is called on the server thread after a failure was recorded and the
     connector closed. ``device`` (a ``torch.device``, or None to leave tensors where the
     connector put them) is where the model computes: received tensors are moved there.
@@ -117,6 +120,7 @@ class FFNServer:
         model: FFNModel,
         *,
         compute_context: Callable[[], AbstractContextManager[Any]],
+        batch_context: Callable[[int], AbstractContextManager[Any]] = lambda rows: nullcontext(),
         on_failure: Callable[[BaseException], None],
         device: Any | None = None,
         max_cuda_graphs: int = 0,
@@ -134,6 +138,7 @@ class FFNServer:
         self._model = model
         self._layers = layers
         self._compute_context = compute_context
+        self._batch_context = batch_context
         self._on_failure = on_failure
         self._device = device
         self._max_cuda_graphs = max_cuda_graphs
@@ -232,7 +237,7 @@ class FFNServer:
             logits = None if logits is None else logits.to(device)
         if routing is not None and device is not None:
             routing = ExpertRouting(routing.topk_ids.to(device), routing.topk_weights.to(device))
-        with afd_range(FFN_COMPUTE, layer):
+        with afd_range(FFN_COMPUTE, layer), self._batch_context(hidden.shape[0]):
             if routing is None:
                 output = self._model.afd_compute_ffn(layer, hidden, logits)
             else:
@@ -256,7 +261,12 @@ class FFNServer:
         if device is not None:
             hidden = hidden.to(device)
             routing = ExpertRouting(routing.topk_ids.to(device), routing.topk_weights.to(device))
-        with self._compute_lock, self._compute_context(), afd_range(FFN_COMPUTE, item.layer):
+        with (
+            self._compute_lock,
+            self._compute_context(),
+            afd_range(FFN_COMPUTE, item.layer),
+            self._batch_context(hidden.shape[0]),
+        ):
             output = self._model.afd_compute_experts(item.layer, hidden, routing)
         with afd_range(FFN_SEND, item.layer):
             endpoint.send_work(item, output)
@@ -424,6 +434,7 @@ def open_ffn_server(
     tp_rank: int,
     device: Any | None = None,
     on_step: Callable[[], None] = lambda: None,
+    batch_context: Callable[[int], AbstractContextManager[Any]] = lambda rows: nullcontext(),
 ) -> FFNServer:
     """Build the FFN server of this vLLM worker and start it.
 
@@ -431,7 +442,8 @@ def open_ffn_server(
     (:func:`~afd_core.workers.setup.role_worker_setup`), builds the connector (the server
     thread does the rendezvous) and starts the thread. ``device`` is the
     worker's ``torch.device`` (where the model computes; see :class:`FFNServer`);
-    ``on_step`` runs after every step served. Raises
+    ``on_step`` runs after every step served; ``batch_context`` as for :class:`FFNServer`.
+    Raises
     AFDConfigError for a missing config, an unsupported layout or a model that is not an
     AFD wrapper.
     """
@@ -442,6 +454,7 @@ def open_ffn_server(
         connector,
         model,
         compute_context=vllm_compute_context(vllm_config, device),
+        batch_context=batch_context,
         on_failure=functools.partial(exit_worker_process, "FFN"),
         device=device,
         max_cuda_graphs=config.ffn_cuda_graphs,

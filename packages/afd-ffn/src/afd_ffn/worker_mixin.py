@@ -21,6 +21,7 @@ Mix :class:`FFNWorkerMixin` in front of a vLLM worker class (``CPUWorker``,
 from __future__ import annotations
 
 import logging
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, NoReturn
 
 from vllm.distributed import get_tensor_model_parallel_rank
@@ -62,8 +63,14 @@ class FFNWorkerMixin:
                 get_tensor_model_parallel_rank(),
                 device=self.device,  # type: ignore[attr-defined]
                 on_step=self._profiler_step,
+                batch_context=self.afd_batch_context,
             )
         return CompilationTimes(language_model=0.0, encoder=0.0)
+
+    def afd_batch_context(self, rows: int) -> AbstractContextManager[Any]:
+        """The context each received batch of ``rows`` rows is computed in, inside the
+        step's (platform hook; default: nothing)."""
+        return nullcontext()
 
     def execute_model(self, scheduler_output: Any) -> NoReturn:
         """Refuse: the FFN role serves no requests."""
