@@ -38,7 +38,7 @@ PACKAGES = (
 )
 
 RUFF = "ruff==0.17.6"
-MYPY = "mypy==1.19.1"
+MYPY = "mypy==2.4.1"
 #: The NPU modules, type-checked against typing/stubs (vllm-ascend, torch-npu) and vLLM.
 NPU_MODULES = (
     "packages/afd-attention/src/afd_attention/worker_npu.py",
