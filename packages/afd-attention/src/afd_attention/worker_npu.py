@@ -3,7 +3,7 @@
 No Ascend device, CANN toolkit or vllm-ascend for vLLM 0.32 was available to this
 project: this module is checked only by a type check against committed stubs of the
 vllm-ascend surface it uses (``typing/stubs``, taken from vllm-ascend ``182b75ea84``;
-``nox -s typecheck_npu``), never run. It imports ``vllm_ascend`` (and through it
+``tests/npu``, ``nox -s npu_checks``), never run. It imports ``vllm_ascend`` (and through it
 ``torch_npu``) at module level, so only the NPU worker path imports it: the plugin
 registers it by its ``"module:Class"`` string.
 

@@ -4,9 +4,10 @@
 recipe (:mod:`afd_core.assembly`): one world of every rank (the op groups span it),
 steps announced by the attention ranks on afd-core's control channel, an op plane whose
 provider opens one group per stage, the CAM P2P pattern
-(:mod:`afd_connectors_npu.cam_p2p`). On CPU the provider is afd-ascend-ops' reference
-provider (gloo groups, the reference kernels); an NPU provider (HCCL groups, the Ascend
-kernels) is not built yet, and no Ascend hardware is available to this project.
+(:mod:`afd_connectors_npu.cam_p2p`). The provider follows the platform
+(:mod:`afd_connectors_npu.providers`): afd-ascend-ops' reference provider (gloo groups,
+the reference kernels) on CPU, its HCCL provider and compiled kernels on Ascend NPU
+(hardware-unverified: no Ascend device was available to this project).
 
 Rules: the gate runs on the FFN role (``compute_gate_on_attention`` must be false: the
 ops carry no routing; its registration says so, so config validation and ``afd check``
@@ -29,16 +30,14 @@ Importing this module imports no torch.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from afd_connectors_npu.cam_async import CamAsync
 from afd_connectors_npu.cam_p2p import CamP2p
 from afd_connectors_npu.extra_config import CamAsyncExtraConfig, CamExtraConfig
+from afd_connectors_npu.providers import cam_async_provider, cam_p2p_provider
 from afd_core.assembly import Control, Layout, OpPlane, Recipe
 from afd_core.connector import Connector
-
-if TYPE_CHECKING:
-    from afd_core.op_provider import OpProvider
 
 #: Op groups the provider opens: one per stage of a step (two-stage steps need two).
 NUM_STAGES = 2
@@ -58,7 +57,7 @@ class CAMP2pAFDConnector(Connector):
         """One world, announced steps, the op plane, the CAM P2P pattern."""
         extra: CamExtraConfig = self.extra
         cores = {role: extra.cores_of(role) for role in ("attention", "ffn")}
-        plane = OpPlane(reference_provider, NUM_STAGES)
+        plane = OpPlane(cam_p2p_provider, NUM_STAGES)
         return Recipe(Layout.WORLD, Control.ANNOUNCED, plane, CamP2p(cores))
 
 
@@ -81,20 +80,5 @@ class CAMAsyncAFDConnector(Connector):
 
     def recipe(self) -> Recipe:
         """One world, no announcements, the async op plane, the CAM async pattern."""
-        plane = OpPlane(async_reference_provider, NUM_STAGES)
+        plane = OpPlane(cam_async_provider, NUM_STAGES)
         return Recipe(Layout.WORLD, Control.IN_BAND, plane, CamAsync())
-
-
-def reference_provider() -> OpProvider:
-    """afd-ascend-ops' CPU reference provider of ``a2e``/``e2a`` (imports torch and
-    registers the ops)."""
-    from afd_ascend_ops.reference import ReferenceOpProvider
-
-    return ReferenceOpProvider("p2p")
-
-
-def async_reference_provider() -> OpProvider:
-    """afd-ascend-ops' CPU reference provider of the CAM async ops."""
-    from afd_ascend_ops.reference import ReferenceOpProvider
-
-    return ReferenceOpProvider("async")

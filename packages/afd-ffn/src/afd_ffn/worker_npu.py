@@ -1,6 +1,6 @@
 """The FFN role's vLLM worker on Ascend NPU (vllm-ascend). **Hardware-unverified.**
 
-Checked only by the type check against the committed stubs (``nox -s typecheck_npu``),
+Checked only by the type check against the committed stubs (``tests/npu``, ``nox -s npu_checks``),
 never run: no Ascend device, CANN toolkit or vllm-ascend for vLLM 0.32 was available to
 this project. It imports ``vllm_ascend`` at module level; only the NPU worker path
 imports it (the plugin registers it by its ``"module:Class"`` string).
