@@ -1,5 +1,6 @@
-"""The modules of afd that run only on Ascend NPU (workers, the HCCL op provider): the only ones that may import
-``torch_npu`` or ``vllm_ascend`` (registered by their ``"module:Class"`` strings)."""
+"""The modules of afd that run only on Ascend NPU (the workers, the HCCL op provider): the
+only ones that may import ``torch_npu`` or ``vllm_ascend``. The plugin reaches them by
+``"module:Class"`` strings or by platform, never by import on CPU or CUDA."""
 
 from __future__ import annotations
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +46,8 @@ def load_npu_kernels(
     find_spec: Callable[[str], Any] = importlib.util.find_spec,
     import_module: Callable[[str], ModuleType] = importlib.import_module,
     has_kernel: Callable[[str, str], bool] | None = None,
+    environ: Mapping[str, str] = os.environ,
+    package_dir: Path = Path(__file__).parent,
 ) -> None:
     """Import torch-npu and the compiled extension, then check that every op of ``family``
     has an NPU kernel. Idempotent. Raises AFDInstallError naming what is missing."""
@@ -67,6 +71,7 @@ def load_npu_kernels(
             "reinstall it in the CANN image: AFD_BUILD_ASCEND_OPS=1 pip install "
             "--no-build-isolation afd-ascend-ops"
         )
+    check_custom_opp_path(environ, package_dir)
     import_module("torch_npu")
     import_module("afd_ascend_ops.ops")  # the schemas, before the kernels attach to them
     import_module(EXTENSION)
@@ -83,3 +88,25 @@ def _has_kernel(op: str, key: str) -> bool:
     import torch
 
     return bool(torch._C._dispatch_has_kernel_for_dispatch_key(op, key))
+
+
+def check_custom_opp_path(environ: Mapping[str, str], package_dir: Path) -> None:
+    """Raise AFDInstallError unless ``ASCEND_CUSTOM_OPP_PATH`` names the custom op package
+    the kernel build installed (``<package>/_cann_ops/<soc>/vendors/afd``): torch-npu finds
+    ``aclnnA2e``/``aclnnE2a`` only there, and reads the variable when it is imported."""
+    vendors = sorted((package_dir / "_cann_ops").glob("*/vendors/afd"))
+    if not vendors:
+        raise AFDInstallError(
+            f"afd_ascend: {EXTENSION} is installed but the custom op package of a2e/e2a is "
+            f"not ({package_dir / '_cann_ops'} is missing); reinstall afd-ascend-ops with "
+            "AFD_BUILD_ASCEND_OPS=1 in the CANN image"
+        )
+    listed = {
+        Path(entry) for entry in environ.get("ASCEND_CUSTOM_OPP_PATH", "").split(":") if entry
+    }
+    if not listed.intersection(vendors):
+        raise AFDInstallError(
+            "afd_ascend: ASCEND_CUSTOM_OPP_PATH does not name afd-ascend-ops' custom op "
+            f"package, so torch-npu cannot find aclnnA2e/aclnnE2a; before starting vLLM: "
+            f"export ASCEND_CUSTOM_OPP_PATH={vendors[0]}:$ASCEND_CUSTOM_OPP_PATH"
+        )

@@ -8,12 +8,16 @@ is missing), then opens one ``ProcessGroupHCCL`` of the whole world per stage on
 world's rendezvous store (``site.opener.prefix_store``, the reference provider's stage
 prefixes; one store for every rank, so no per-group store bound to a host) and returns
 each group's HCCL communicator name: the ``group_ep`` / ``group_name`` the kernels look
-the communicator up by.
+the communicator up by. The ``p2p`` family's groups are then registered with the compiled
+extension (``afd_ascend_ops._C.open_group``: the mailbox of this rank zeroed, the world's
+shape and the timeout recorded), followed by a barrier on the group, so no rank writes
+into a peer's mailbox before the peer has zeroed it.
 
-Waits: the compiled kernels bound every device wait by the AFD timeout passed to them; a
-device wait cannot be woken from the host, so :meth:`~HcclOpProvider.interrupt` makes
-later opens refuse and :meth:`~HcclOpProvider.close` shuts the groups down, while an op
-already waiting on the device ends at its own bound (see docs/ascend.md).
+Waits: the compiled kernels bound every device wait by the AFD timeout and poll a stop
+word the host sets: :meth:`~HcclOpProvider.interrupt` sets it for every group
+(``_C.interrupt``: a blocked ``a2e``/``e2a`` ends with ``[AFDShutdown]``, later calls
+refuse), :meth:`~HcclOpProvider.close` also forgets the groups (``_C.close_group``) and
+shuts the HCCL groups down. See ``csrc/README.md`` for the kernels' side.
 
 No Ascend device, CANN toolkit or torch-npu could be installed on this project's
 machines: this module is type-checked against the committed torch-npu stubs
@@ -28,8 +32,10 @@ import threading
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+import torch
 from torch_npu._C._distributed_c10d import ProcessGroupHCCL
 
+from afd_ascend_ops import _C
 from afd_ascend_ops.compiled import load_npu_kernels
 from afd_ascend_ops.reference.provider import OpFamily, stage_prefix
 from afd_core.errors import AFDShutdown
@@ -52,6 +58,7 @@ class HcclOpProvider(OpProvider):
         self._family: OpFamily = family
         self._lock = threading.Lock()
         self._groups: list[ProcessGroupHCCL] = []
+        self._names: list[str] = []
         self._closed = False
 
     def open(self, site: GroupSite, num_stages: int) -> tuple[str, ...]:
@@ -60,27 +67,44 @@ class HcclOpProvider(OpProvider):
         load_npu_kernels(self._family)
         options = ProcessGroupHCCL.Options()
         options._timeout = timedelta(seconds=site.timeout_s)
-        names: list[str] = []
+        anchor = torch.empty(1, device=torch.device("npu", torch.npu.current_device()))
         for stage in range(num_stages):
             with self._lock:
                 if self._closed:
                     raise AFDShutdown("afd_ascend: the op provider was closed during open()")
             store = site.opener.prefix_store(stage_prefix(stage))
             group = ProcessGroupHCCL(store, site.world_rank, site.world_size, options)
+            name = group.get_hccl_comm_name(site.world_rank)
             with self._lock:
                 self._groups.append(group)
-            names.append(group.get_hccl_comm_name(site.world_rank))
-        return tuple(names)
+                self._names.append(name)
+            _C.open_group(
+                name,
+                anchor,
+                site.topology.num_ffn_ranks,
+                site.topology.num_attention_ranks,
+                site.world_rank,
+                site.timeout_s,
+            )
+            group.barrier().wait()
+        return tuple(self._names)
 
     def interrupt(self) -> None:
-        """Refuse later opens (a device wait in progress ends at its own bound)."""
+        """Set every group's stop word (blocked ops end with ``[AFDShutdown]``, later ones
+        refuse) and refuse later opens. Idempotent, any thread."""
         with self._lock:
             self._closed = True
+            names = list(self._names)
+        for name in names:
+            _C.interrupt(name)
 
     def close(self) -> None:
-        """Interrupt, then shut every group down (idempotent)."""
+        """Interrupt, forget the groups in the extension, shut them down (idempotent)."""
         self.interrupt()
         with self._lock:
             groups, self._groups = self._groups, []
+            names, self._names = self._names, []
+        for name in names:
+            _C.close_group(name)
         for group in groups:
             group.shutdown()

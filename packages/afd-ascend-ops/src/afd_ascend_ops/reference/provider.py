@@ -9,8 +9,9 @@ provider's op family with the world's rank map and the AFD timeout
 registers it under a name unique in this process and returns the names, stage by stage:
 the ``group_ep`` / ``group_name`` of each stage's op calls.
 
-The NPU provider (a later issue) has the same shape: it opens one HCCL process group per
-stage on ``site.opener.prefix_store(name)`` and returns their HCCL communicator names;
+The NPU provider (:mod:`afd_ascend_ops.npu_provider`) has the same shape: it opens one HCCL
+process group per stage on ``site.opener.prefix_store(name)`` and returns their HCCL
+communicator names;
 the compiled kernels find the groups by those names, and the package's compiled
 extension registers only their ``PrivateUse1`` kernels, so the ops, their schemas and
 their fake kernels stay the ones of :mod:`afd_ascend_ops.ops`.

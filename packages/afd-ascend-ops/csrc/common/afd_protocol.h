@@ -1,0 +1,195 @@
+// SPDX-License-Identifier: Apache-2.0
+// Written for this project (afd-ascend-ops): the wire protocol of the compiled a2e/e2a, shared
+// by the AscendC kernels (bisheng) and the host binding (g++). Plain C++17, no CANN or torch.
+//
+// The message header mirrors afd_ascend_ops/header.py (MessageHeader): 64 bytes, little
+// endian, struct "<4sHBBQIIIIHHI" zero-padded. Every field of that layout is naturally
+// aligned, so it is handled here as 16 little-endian u32 words:
+//
+//   word 0  magic b"AFDA"            word 5  destination world rank
+//   word 1  version | op<<16 | dtype<<24   word 6  rows
+//   word 2  seq, low 32 bits         word 7  hidden size
+//   word 3  seq, high 32 bits        word 8  topk | flags<<16 (flag bit 0: gated)
+//   word 4  source world rank        word 9  layer (0 for a2e/e2a); words 10-15 zero
+#pragma once
+
+#include "afd_portable.h"
+
+namespace afd {
+
+// ---- header --------------------------------------------------------------------------------
+
+constexpr uint32_t kHeaderBytes = 64;
+constexpr uint32_t kHeaderWords = kHeaderBytes / 4;
+constexpr uint32_t kHeaderMagic = 0x41444641u;  // the bytes "AFDA" read as a little-endian u32
+constexpr uint32_t kHeaderVersion = 2;          // MessageHeader.VERSION
+// MessageHeader's op codes (header.OPS); the compiled kernels send and accept a2e and e2a only.
+constexpr uint32_t kOpA2e = 1;
+constexpr uint32_t kOpE2a = 2;
+constexpr uint32_t kOpDispatch = 3;
+constexpr uint32_t kOpCombine = 4;
+// afd_core.metadata.WIRE_DTYPES.
+constexpr uint32_t kDtypeBfloat16 = 1;
+constexpr uint32_t kDtypeFloat16 = 2;
+constexpr uint32_t kDtypeFloat32 = 3;
+constexpr uint32_t kFlagGated = 1;  // expert ids and scales follow the rows
+
+// One header, decoded. Field order and meaning as MessageHeader's.
+struct Header {
+    uint32_t magic;
+    uint32_t version;
+    uint32_t op;
+    uint32_t dtype;
+    uint64_t seq;  // the sender's call number on this group with this peer
+    uint32_t source;
+    uint32_t destination;
+    uint32_t rows;
+    uint32_t hidden;
+    uint32_t topk;
+    uint32_t flags;
+    uint32_t layer;
+};
+
+// A header of this version with the given fields (what a sender writes, what a receiver expects).
+AFD_FN Header MakeHeader(uint32_t op, uint32_t dtype, uint64_t seq, uint32_t source,
+                         uint32_t destination, uint32_t rows, uint32_t hidden, uint32_t topk,
+                         bool gated)
+{
+    Header h{};
+    h.magic = kHeaderMagic;
+    h.version = kHeaderVersion;
+    h.op = op;
+    h.dtype = dtype;
+    h.seq = seq;
+    h.source = source;
+    h.destination = destination;
+    h.rows = rows;
+    h.hidden = hidden;
+    h.topk = gated ? topk : 0;
+    h.flags = gated ? kFlagGated : 0;
+    h.layer = 0;
+    return h;
+}
+
+AFD_FN void EncodeHeader(const Header& h, uint32_t words[kHeaderWords])
+{
+    for (uint32_t i = 0; i < kHeaderWords; ++i) {
+        words[i] = 0;
+    }
+    words[0] = h.magic;
+    words[1] = (h.version & 0xFFFFu) | ((h.op & 0xFFu) << 16) | ((h.dtype & 0xFFu) << 24);
+    words[2] = static_cast<uint32_t>(h.seq);
+    words[3] = static_cast<uint32_t>(h.seq >> 32);
+    words[4] = h.source;
+    words[5] = h.destination;
+    words[6] = h.rows;
+    words[7] = h.hidden;
+    words[8] = (h.topk & 0xFFFFu) | ((h.flags & 0xFFFFu) << 16);
+    words[9] = h.layer;
+}
+
+AFD_FN Header DecodeHeader(const uint32_t words[kHeaderWords])
+{
+    Header h{};
+    h.magic = words[0];
+    h.version = words[1] & 0xFFFFu;
+    h.op = (words[1] >> 16) & 0xFFu;
+    h.dtype = (words[1] >> 24) & 0xFFu;
+    h.seq = static_cast<uint64_t>(words[2]) | (static_cast<uint64_t>(words[3]) << 32);
+    h.source = words[4];
+    h.destination = words[5];
+    h.rows = words[6];
+    h.hidden = words[7];
+    h.topk = words[8] & 0xFFFFu;
+    h.flags = (words[8] >> 16) & 0xFFFFu;
+    h.layer = words[9];
+    return h;
+}
+
+// Fields a receiver compares (MessageHeader.differences), as bits of a mask.
+enum HeaderField : uint32_t {
+    kFieldOp = 1u << 0,
+    kFieldSeq = 1u << 1,
+    kFieldSource = 1u << 2,
+    kFieldDestination = 1u << 3,
+    kFieldRows = 1u << 4,
+    kFieldHidden = 1u << 5,
+    kFieldDtype = 1u << 6,
+    kFieldTopk = 1u << 7,
+    kFieldGated = 1u << 8,
+    kFieldLayer = 1u << 9,
+};
+
+// Whether `got` is a header of this protocol version at all (MessageHeader.decode's checks:
+// magic, version, known op and dtype codes, no unknown flag bits).
+AFD_FN bool IsWellFormed(const Header& got)
+{
+    return got.magic == kHeaderMagic && got.version == kHeaderVersion && got.op >= kOpA2e &&
+           got.op <= kOpCombine && got.dtype >= kDtypeBfloat16 && got.dtype <= kDtypeFloat32 &&
+           (got.flags & ~kFlagGated) == 0;
+}
+
+// The mask of fields in which `got` differs from `expected`; `anyRows` leaves rows unchecked
+// (an FFN rank that was not told how many rows a block member sends).
+AFD_FN uint32_t HeaderDifferences(const Header& got, const Header& expected, bool anyRows)
+{
+    uint32_t mask = 0;
+    mask |= got.op != expected.op ? kFieldOp : 0u;
+    mask |= got.seq != expected.seq ? kFieldSeq : 0u;
+    mask |= got.source != expected.source ? kFieldSource : 0u;
+    mask |= got.destination != expected.destination ? kFieldDestination : 0u;
+    mask |= (!anyRows && got.rows != expected.rows) ? kFieldRows : 0u;
+    mask |= got.hidden != expected.hidden ? kFieldHidden : 0u;
+    mask |= got.dtype != expected.dtype ? kFieldDtype : 0u;
+    mask |= got.topk != expected.topk ? kFieldTopk : 0u;
+    mask |= (got.flags & kFlagGated) != (expected.flags & kFlagGated) ? kFieldGated : 0u;
+    mask |= got.layer != expected.layer ? kFieldLayer : 0u;
+    return mask;
+}
+
+// ---- status word ---------------------------------------------------------------------------
+// The kernel cannot raise: it writes what went wrong into an int64 status tensor of
+// kStatusWords words that the host binding reads after the call and turns into an error.
+//
+//   [0] code   [1] peer world rank (or -1)   [2] a   [3] b   [4] c   [5..7] zero
+//   [8..15]  the received header's 16 u32 words, two per int64 (low word first)
+//   [16..23] the expected header, likewise
+// The meaning of a, b, c per code is given below.
+
+constexpr uint32_t kStatusWords = 24;
+constexpr uint32_t kStatusReceivedHeader = 8;
+constexpr uint32_t kStatusExpectedHeader = 16;
+
+enum StatusCode : int64_t {
+    kStatusOk = 0,
+    // A received header is malformed or differs from the expected one. a: 1 when rows were
+    // not checked (no expected count). Both headers are in the status.
+    kStatusHeaderMismatch = 1,
+    // FFN a2e: the block's counts do not sum to batch_size. a: their sum, b: batch_size. The
+    // per-source counts are in the atten_batch_size output.
+    kStatusCountSum = 2,
+    // A wait reached the call's spin limit. a: what was waited for (WaitKind), b: the seq of
+    // the message concerned, c: its op code.
+    kStatusTimeout = 3,
+    // The host set the stop word during a wait. a, b, c as for kStatusTimeout.
+    kStatusStopped = 4,
+    // FFN a2e: expert_ids (expected rows per block member) has an entry below -1.
+    // a: the index, b: the value.
+    kStatusBadExpected = 5,
+    // FFN e2a: atten_batch_size is not what a2e returned (an entry below -1, or a non-zero
+    // entry past the block). a: the index, b: the value, c: the block size.
+    kStatusBadCounts = 6,
+    // FFN e2a: the counts of atten_batch_size do not sum to the rows of expand_x and to
+    // batch_size. a: the sum, b: expand_x's rows, c: batch_size.
+    kStatusCountRows = 7,
+    // A message does not fit its mailbox slot. a: the message's bytes, b: the slot's bytes,
+    // c: 1 when the sender found it, 2 when a receiver did (a header announcing too many rows).
+    kStatusTooLarge = 8,
+};
+
+enum WaitKind : int64_t {
+    kWaitArrival = 1,  // the peer's message
+    kWaitRelease = 2,  // the peer taking this rank's previous message out of its slot
+};
+
+}  // namespace afd
