@@ -1,6 +1,6 @@
 """Which attention deployments may run two stages per step: vLLM's V1 runners (CPU, and
-CUDA with ``VLLM_USE_V2_MODEL_RUNNER=0``), eagerly, without data parallelism; the rest
-are refused at start-up, naming what to change. The connector's own rule is
+CUDA with ``VLLM_USE_V2_MODEL_RUNNER=0``), eagerly, without data parallelism, not on
+Ascend NPU; the rest are refused at start-up, naming what to change. The connector's own rule is
 ``Connector.two_stage_problem`` (tests/unit/core/test_connector_base.py)."""
 
 from __future__ import annotations
@@ -57,3 +57,9 @@ def test_one_stage_is_accepted_everywhere(platform: str) -> None:
         use_v2_model_runner=True,
         cudagraph_mode="FULL",
     )
+
+
+def test_two_stages_on_ascend_npu_are_refused_naming_the_padded_count() -> None:
+    with pytest.raises(AFDConfigError, match=r"not built on Ascend NPU") as info:
+        check_num_stages(TWO_STAGES, "npu")
+    assert "num_tokens_padded" in str(info.value)

@@ -82,13 +82,19 @@ def check_num_stages(
     and on CUDA ``AFDAttentionCUDAModelRunnerV1`` with ``VLLM_USE_V2_MODEL_RUNNER=0``),
     eagerly (no CUDA graph mode: ``cudagraph_mode`` is the name of vLLM's resolved mode)
     and without data parallelism (a stage's forward context carries no data-parallel
-    token counts). Model Runner V2 does not split steps. Whether the connector carries
-    two stages is its own rule (``Connector.two_stage_problem``, read when the worker
-    builds it).
+    token counts), not on Ascend NPU. Model Runner V2 does not split steps. Whether the
+    connector carries two stages is its own rule (``Connector.two_stage_problem``, read
+    when the worker builds it).
     """
     if config.num_stages == 1:
         return
     prefix = f"AFD config: num_stages {config.num_stages}"
+    if platform == "npu":
+        raise AFDConfigError(
+            f"{prefix} is not built on Ascend NPU: vllm-ascend's V1 runner passes one padded "
+            "token count (num_tokens_padded) to each forward, and each stage of a split step "
+            'would need its own; set "num_stages": 1 on both roles'
+        )
     if platform == "cuda" and use_v2_model_runner:
         raise AFDConfigError(
             f"{prefix} runs on vLLM's V1 runner only; Model Runner V2 "
