@@ -5,11 +5,14 @@ call; :class:`CamP2pOps` fixes those once and gives each role's two calls a name
 World ranks are FFN first (``rank < expert_rank_size`` is an FFN rank); ``topk`` is 0
 and ``compute_gate`` 0, since the gate runs on the FFN role. Which kernel runs is the
 tensors' device's: the CPU reference kernels on CPU tensors, the Ascend kernels on NPU
-tensors (when built). Importing this module imports no torch.
+tensors (when built). The tensors the FFN side makes for its receive are made on
+``device``, the op plane's (:func:`afd_connectors_npu.providers.op_device`), so an FFN rank
+on NPU reaches the NPU kernels. Importing this module imports no torch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,13 +24,14 @@ if TYPE_CHECKING:
 class CamP2pOps:
     """``a2e``/``e2a`` of world rank ``rank`` in a world of ``num_ffn_ranks`` FFN ranks and
     ``num_attention_ranks`` attention ranks; ``hidden_size`` is the wire's, ``cores`` the
-    ``aiv_num`` of this role."""
+    ``aiv_num`` of this role, ``device`` where the FFN side makes its receive's tensors."""
 
     rank: int
     num_ffn_ranks: int
     num_attention_ranks: int
     hidden_size: int
     cores: int
+    device: str = "cpu"
 
     def attention_send(self, hidden: torch.Tensor, group: str) -> torch.Tensor:
         """Attention side of ``a2e``: send ``hidden`` ``[n, H]`` to this rank's FFN rank;
@@ -53,19 +57,20 @@ class CamP2pOps:
         )  # fmt: skip
 
     def ffn_receive(
-        self, expected: torch.Tensor, batch_size: int, dtype: torch.dtype, group: str
+        self, expected: Sequence[int], batch_size: int, dtype: torch.dtype, group: str
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """FFN side of ``a2e``: the rows of the attention ranks of this FFN rank's block,
-        concatenated in block order, and their counts (``atten_batch_size``).
+        concatenated in block order, and their counts (``atten_batch_size``), on ``device``.
 
-        ``expected``: int32, the rows expected from each attention rank of the block, -1
-        for a rank that takes no part in this call; ``batch_size`` their sum.
+        ``expected``: the rows expected from each attention rank of the block, -1 for a
+        rank that takes no part in this call; ``batch_size`` their sum.
         """
         import torch
 
-        placeholder = torch.empty((0, self.hidden_size), dtype=dtype)
+        placeholder = torch.empty((0, self.hidden_size), dtype=dtype, device=self.device)
+        expected_rows = torch.tensor(expected, dtype=torch.int32, device=self.device)
         outputs = torch.ops.afd_ascend.a2e(
-            placeholder, expected, None, batch_size, self.hidden_size, 0, self.num_ffn_ranks,
+            placeholder, expected_rows, None, batch_size, self.hidden_size, 0, self.num_ffn_ranks,
             self.num_attention_ranks, self.rank, group, self.cores, 0,
         )  # fmt: skip
         return outputs[0], outputs[3]

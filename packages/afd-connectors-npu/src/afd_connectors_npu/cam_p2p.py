@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from afd_connectors_npu.cam_ops import CamP2pOps
 from afd_connectors_npu.op_calls import call_op
+from afd_connectors_npu.providers import op_device
 from afd_core.assembly import AttentionSide, FFNSide, OpPlane, Pattern, StepAnnouncer, StepSource
 from afd_core.connector import (
     AttentionEndpoint,
@@ -77,7 +78,7 @@ class CamP2p(Pattern):
         topology = spec.topology
         return CamP2pOps(
             spec.world_rank, topology.num_ffn_ranks, topology.num_attention_ranks,
-            spec.wire.hidden_size, self._cores[spec.role],
+            spec.wire.hidden_size, self._cores[spec.role], op_device(),
         )  # fmt: skip
 
 
@@ -201,7 +202,7 @@ class CamP2pFFNEndpoint(FFNEndpoint):
         self._exchanges.take(layer, stage)
         splits = step.stage_tokens(stage)
         counts = dict(zip(step.attention_ranks, splits, strict=True))
-        expected = torch.tensor([counts.get(a, -1) for a in self._block], dtype=torch.int32)
+        expected = [counts.get(a, -1) for a in self._block]
         dtype = getattr(torch, self._spec.wire.dtype)
         hidden, sizes = call_op(
             self._fuse, layer_of_ffn_step(layer, step), self._ops.ffn_receive, expected,

@@ -27,6 +27,12 @@ def runs_on_npu() -> bool:
     return "vllm.platforms" in sys.modules and current_platform_name() == "npu"
 
 
+def op_device() -> str:
+    """The device of the op plane's tensors on this process's platform: ``"npu"`` where
+    the HCCL provider runs (the compiled kernels take NPU tensors), else ``"cpu"``."""
+    return "npu" if runs_on_npu() else "cpu"
+
+
 def provider_of(family: OpFamily) -> OpProvider:
     """The provider of ``family``'s ops on this process's platform."""
     if runs_on_npu():
