@@ -51,7 +51,7 @@ class AscendKernelsBuildHook(BuildHookInterface):  # type: ignore[type-arg]
         plan = source_module("kernel_build")
         for step in plan.kernel_build_steps(HERE, sys.executable, os.environ):
             self.app.display_info(f"afd-ascend-ops: {step.what}: {' '.join(step.argv)}")
-            result = subprocess.run(step.argv, cwd=step.cwd, check=False)
+            result = subprocess.run(step.argv, cwd=HERE, check=False)
             if result.returncode != 0:
                 raise switch.BuildSwitchError(
                     f"afd-ascend-ops: the kernel build failed at '{step.what}' (exit "

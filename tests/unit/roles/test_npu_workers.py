@@ -218,7 +218,7 @@ def test_the_ffn_server_opens_one_batch_context_per_received_batch_inside_the_st
     for item in (ffn_step(0, 5), ffn_step(1, 2, 3), None):
         connector.steps.put(item)
     server.start()
-    server._thread.join(5.0)
+    server._thread.join(30.0)
     assert not server.is_running and not failures
     # Layer-major: per layer, one context per stage's batch, sized by its rows.
     assert opened == [("batch", 5)] * 3 + [("batch", 2), ("batch", 3)] * 3

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from afd_ascend_ops.kernel_build import installed_vendor_dir
 from afd_ascend_ops.schemas import NAMESPACE, SCHEMAS
 from afd_core.errors import AFDInstallError
 
@@ -94,7 +95,8 @@ def check_custom_opp_path(environ: Mapping[str, str], package_dir: Path) -> None
     """Raise AFDInstallError unless ``ASCEND_CUSTOM_OPP_PATH`` names the custom op package
     the kernel build installed (``<package>/_cann_ops/<soc>/vendors/afd``): torch-npu finds
     ``aclnnA2e``/``aclnnE2a`` only there, and reads the variable when it is imported."""
-    vendors = sorted((package_dir / "_cann_ops").glob("*/vendors/afd"))
+    pattern = installed_vendor_dir(Path(), "*")
+    vendors = sorted(package_dir.glob(str(pattern)))
     if not vendors:
         raise AFDInstallError(
             f"afd_ascend: {EXTENSION} is installed but the custom op package of a2e/e2a is "

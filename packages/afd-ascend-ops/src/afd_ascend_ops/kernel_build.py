@@ -28,17 +28,24 @@ VENDOR = "afd"
 
 @dataclass(frozen=True)
 class BuildStep:
-    """One command of the plan: what it does (for the build log), its argv, where it runs."""
+    """One command of the plan (run in the package's directory): what it does, for the
+    build log, and its argv."""
 
     what: str
     argv: tuple[str, ...]
-    cwd: Path
+
+
+def installed_vendor_dir(package: Path, soc: str) -> Path:
+    """The custom op package of ``soc`` inside the Python package directory ``package``
+    (``.../afd_ascend_ops``): the directory ``ASCEND_CUSTOM_OPP_PATH`` must name at run
+    time. ``soc`` may be a glob pattern."""
+    return package / "_cann_ops" / soc / "vendors" / VENDOR
 
 
 def vendor_dir(package_dir: Path, soc: str) -> Path:
-    """Where build_kernels.sh installs the custom op package of ``soc`` (the directory
-    ``ASCEND_CUSTOM_OPP_PATH`` must name at run time)."""
-    return package_dir / "src" / "afd_ascend_ops" / "_cann_ops" / soc / "vendors" / VENDOR
+    """Where build_kernels.sh installs the custom op package of ``soc``, in the source
+    tree at ``package_dir``."""
+    return installed_vendor_dir(package_dir / "src" / "afd_ascend_ops", soc)
 
 
 def kernel_build_steps(
@@ -54,7 +61,6 @@ def kernel_build_steps(
         BuildStep(
             f"AscendC kernels of a2e/e2a for {soc}",
             ("bash", str(csrc / "build_kernels.sh"), soc),
-            package_dir,
         ),
         BuildStep(
             "configure the binding afd_ascend_ops._C",
@@ -67,12 +73,10 @@ def kernel_build_steps(
                 f"-DPython3_EXECUTABLE={python}",
                 f"-DAFD_CUST_OPAPI={opapi}",
             ),
-            package_dir,
         ),
-        BuildStep("build the binding", ("cmake", "--build", str(build)), package_dir),
+        BuildStep("build the binding", ("cmake", "--build", str(build))),
         BuildStep(
             "install the binding into the package",
             ("cmake", "--install", str(build), "--prefix", str(package_dir / "src")),
-            package_dir,
         ),
     )

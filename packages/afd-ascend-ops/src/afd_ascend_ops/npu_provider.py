@@ -57,37 +57,50 @@ class HcclOpProvider(OpProvider):
     def __init__(self, family: OpFamily = "p2p") -> None:
         self._family: OpFamily = family
         self._lock = threading.Lock()
+        #: The HCCL groups opened (shut down by close) and the names registered with the
+        #: compiled extension (a group whose registration failed has none).
         self._groups: list[ProcessGroupHCCL] = []
         self._names: list[str] = []
         self._closed = False
 
     def open(self, site: GroupSite, num_stages: int) -> tuple[str, ...]:
         """Load the kernels, open one HCCL group per stage, return their communicator
-        names in stage order (collective over the world; bounded by ``site.timeout_s``)."""
+        names in stage order (collective over the world; bounded by ``site.timeout_s``).
+        On any failure whatever it opened is closed again."""
         load_npu_kernels(self._family)
+        try:
+            for stage in range(num_stages):
+                self._open_stage(site, stage)
+        except BaseException:
+            self.close()
+            raise
+        return tuple(self._names)
+
+    def _open_stage(self, site: GroupSite, stage: int) -> None:
+        """Open stage ``stage``'s group, register it with the extension, then barrier."""
+        with self._lock:
+            if self._closed:
+                raise AFDShutdown("afd_ascend: the op provider was closed during open()")
         options = ProcessGroupHCCL.Options()
         options._timeout = timedelta(seconds=site.timeout_s)
+        store = site.opener.prefix_store(stage_prefix(stage))
+        group = ProcessGroupHCCL(store, site.world_rank, site.world_size, options)
+        with self._lock:
+            self._groups.append(group)
+        name = group.get_hccl_comm_name(site.world_rank)
         anchor = torch.empty(1, device=torch.device("npu", torch.npu.current_device()))
-        for stage in range(num_stages):
-            with self._lock:
-                if self._closed:
-                    raise AFDShutdown("afd_ascend: the op provider was closed during open()")
-            store = site.opener.prefix_store(stage_prefix(stage))
-            group = ProcessGroupHCCL(store, site.world_rank, site.world_size, options)
-            name = group.get_hccl_comm_name(site.world_rank)
-            with self._lock:
-                self._groups.append(group)
-                self._names.append(name)
-            _C.open_group(
-                name,
-                anchor,
-                site.topology.num_ffn_ranks,
-                site.topology.num_attention_ranks,
-                site.world_rank,
-                site.timeout_s,
-            )
-            group.barrier().wait()
-        return tuple(self._names)
+        topology = site.topology
+        _C.open_group(
+            name,
+            anchor,
+            topology.num_ffn_ranks,
+            topology.num_attention_ranks,
+            site.world_rank,
+            site.timeout_s,
+        )
+        with self._lock:
+            self._names.append(name)
+        group.barrier().wait()
 
     def interrupt(self) -> None:
         """Set every group's stop word (blocked ops end with ``[AFDShutdown]``, later ones

@@ -94,6 +94,11 @@ def describe_failure(exc: BaseException) -> str:
     return f"{type(exc).__name__} while serving"
 
 
+def no_batch_context(rows: int) -> AbstractContextManager[Any]:
+    """The default context of a received batch: nothing (the step's context is enough)."""
+    return nullcontext()
+
+
 class FFNServer:
     """Serves one FFN rank: rendezvous, then the step loop, on a daemon thread.
 
@@ -120,7 +125,7 @@ class FFNServer:
         model: FFNModel,
         *,
         compute_context: Callable[[], AbstractContextManager[Any]],
-        batch_context: Callable[[int], AbstractContextManager[Any]] = lambda rows: nullcontext(),
+        batch_context: Callable[[int], AbstractContextManager[Any]] = no_batch_context,
         on_failure: Callable[[BaseException], None],
         device: Any | None = None,
         max_cuda_graphs: int = 0,
@@ -434,7 +439,7 @@ def open_ffn_server(
     tp_rank: int,
     device: Any | None = None,
     on_step: Callable[[], None] = lambda: None,
-    batch_context: Callable[[int], AbstractContextManager[Any]] = lambda rows: nullcontext(),
+    batch_context: Callable[[int], AbstractContextManager[Any]] = no_batch_context,
 ) -> FFNServer:
     """Build the FFN server of this vLLM worker and start it.
 
