@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores, {platform.platform()}")
     print(f"load average at start (1/5/15 min): {load_average()}")
     if args.vllm_spin_sleep_us is not None:
-        _sleep_instead_of_spinning(args.vllm_spin_sleep_us)
+        sleep_instead_of_spinning(args.vllm_spin_sleep_us)
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="afd-bench-"))
     work_dir.mkdir(parents=True, exist_ok=True)
     model = args.model or build_tiny_model(work_dir / "models", MODEL)
@@ -284,7 +284,7 @@ def format_accounting(
     return "\n".join(lines)
 
 
-def _sleep_instead_of_spinning(sleep_us: int) -> None:
+def sleep_instead_of_spinning(sleep_us: int) -> None:
     """Make the servers started from now on load ``vllm_spin_diagnostic`` (its docstring)."""
     diagnostic = Path(__file__).resolve().parent / "vllm_spin_diagnostic"
     path = os.environ.get("PYTHONPATH")

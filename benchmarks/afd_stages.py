@@ -26,6 +26,10 @@ vLLM, at several concurrencies, in one run; each AFD role's busy fraction.
 5. prints the medians over the rounds, the two-stage/one-stage and AFD/monolithic
    ratios, and the load average at the start and the end; stops every server.
 
+With ``--gpu`` every server runs on this host's CUDA GPU (both AFD roles share it, over
+gloo), with the V1 runner (two stages need it) and the gpu-harness's engine arguments
+(``$GPU_HARNESS_SETTINGS``, as the CUDA end-to-end tests read them).
+
 Usage (docs/performance.md has the figures and the reasons for the environment)::
 
     OMP_WAIT_POLICY=PASSIVE python benchmarks/afd_stages.py [--model DIR] [--rounds 3]
@@ -130,6 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--vllm-bench", action="store_true", help="also run vLLM's own benchmark client"
     )
+    parser.add_argument(
+        "--gpu", action="store_true", help="serve on the CUDA GPU (V1 runner, harness args)"
+    )
     args = parser.parse_args(argv)
     if args.max_tokens < 2:
         parser.error("--max-tokens must be at least 2 (the first token is not timed)")
@@ -142,9 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = args.model or build_tiny_model(work_dir / "models", MODEL)
     max_num_seqs = max(args.concurrency)
     with ExitStack() as stack:
-        targets = _start(stack, model, work_dir, max_num_seqs, args.stage_threshold)
+        targets = _start(stack, model, work_dir, max_num_seqs, args.stage_threshold, args.gpu)
         for target in targets:  # warm-up: a server's first requests are slower
-            _window(target, max_num_seqs, 8)
+            measure_window(target, max_num_seqs, 8)
         windows = _measure(targets, args.concurrency, args.rounds, args.max_tokens)
         bench = (
             {(t.label, c): _vllm_bench(t, model, c) for c in args.concurrency for t in targets}
@@ -162,13 +169,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _start(
-    stack: ExitStack, model: Path, work_dir: Path, max_num_seqs: int, threshold: int
+    stack: ExitStack, model: Path, work_dir: Path, max_num_seqs: int, threshold: int, gpu: bool
 ) -> list[Target]:
     """Start the three deployments (stopped when ``stack`` closes)."""
     logs, cache_root = work_dir / "logs", work_dir / "vllm-cache"
+    args, env = _gpu_settings() if gpu else ((), {})
     (port,) = free_ports(1)
     monolithic = VllmServer(
-        ServerSpec(name="monolithic", model=model, port=port, max_num_seqs=max_num_seqs),
+        ServerSpec(
+            name="monolithic",
+            model=model,
+            port=port,
+            max_num_seqs=max_num_seqs,
+            extra_args=args,
+            extra_env=env,
+        ),
         logs,
         cache_root,
     )
@@ -185,6 +200,8 @@ def _start(
             stage_decode_token_threshold=threshold if num_stages == 2 else None,
             stage_prefill_token_threshold=threshold if num_stages == 2 else None,
             start_timeout_s=START_TIMEOUT_S,
+            extra_args=args,
+            extra_env=env,
         )
         deployment = LocalDeployment(spec, logs / label.replace(" ", "-"), cache_root)
         stack.enter_context(deployment)
@@ -196,6 +213,14 @@ def _start(
     return targets
 
 
+def _gpu_settings() -> tuple[tuple[str, ...], dict[str, str]]:
+    """The command-line arguments and environment of every server with ``--gpu``."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.e2e_gpu.gpu_settings import server_args
+
+    return server_args(), {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+
+
 def _measure(
     targets: list[Target], concurrency: Sequence[int], rounds: int, max_tokens: int
 ) -> dict[tuple[str, int], list[Window]]:
@@ -205,7 +230,7 @@ def _measure(
         order = targets[r % len(targets) :] + targets[: r % len(targets)]
         for c in concurrency:
             for target in order:
-                timed = _window(target, c, max_tokens)
+                timed = measure_window(target, c, max_tokens)
                 windows.setdefault((target.label, c), []).append(timed)
                 print(
                     f"  round {r + 1} C={c:>2} {target.label:<13}: "
@@ -224,7 +249,7 @@ def _measure(
     return windows
 
 
-def _window(target: Target, concurrency: int, max_tokens: int) -> Window:
+def measure_window(target: Target, concurrency: int, max_tokens: int) -> Window:
     """``concurrency`` streaming requests at once to ``target``, timed, with its counters."""
     before = target.counters()
     cpu_before = snapshot(target.sessions)

@@ -21,7 +21,8 @@ host inside the connector and the FFN server moves what it receives to its GPU. 
 ``P2pNcclAFDConnector`` the FFN server runs on the FFN GPU (GPU 1; NCCL cannot pair two
 processes on one GPU); those cases skip on a host with fewer than two GPUs. Two stages
 per step (``num_stages`` 2) run on the V1 runner, eagerly, over gloo (P2P with each
-model, and expert-routed); the FFN server's counters show that the steps split.
+model, and expert-routed) and over NCCL (P2P with each model); the FFN server's counters
+show that the steps split.
 """
 
 from __future__ import annotations
@@ -131,11 +132,13 @@ CASES = [
     Case("v1", gate_on_attention=True, model=DEEPSEEK),
     Case("v2", gate_on_attention=True, connector=NCCL, model=DEEPSEEK),
     Case("v2", gate_on_attention=False, connector=NCCL, graphs=True, model=DEEPSEEK),
-    # Two stages per step on the V1 runner, eagerly, over gloo (both roles on one GPU);
-    # over NCCL two stages are refused at start-up (Connector.two_stage_problem).
+    # Two stages per step on the V1 runner, eagerly: over gloo (both roles on one GPU) and
+    # over NCCL (one GPU per role).
     Case("v1", gate_on_attention=False, num_stages=2),
     Case("v1", gate_on_attention=True, model=DEEPSEEK, num_stages=2),
     Case("v1", gate_on_attention=True, connector=M2N_GLOO, num_stages=2),
+    Case("v1", gate_on_attention=False, connector=NCCL, num_stages=2),
+    Case("v1", gate_on_attention=True, connector=NCCL, model=DEEPSEEK, num_stages=2),
 ]
 
 

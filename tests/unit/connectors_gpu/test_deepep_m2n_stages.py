@@ -1,12 +1,12 @@
-"""Whether DeepEPM2NAFDConnector carries two stages per step: over gloo yes, over NCCL no
-(a pair's operations run in posting order; see ``TWO_STAGE_PROBLEM``)."""
+"""DeepEPM2NAFDConnector carries two stages per step over either data plane: over NCCL a
+pair's operations run in posting order, and the endpoints' order pairs
+(tests/unit/roles/test_two_stages_ordered_pairs.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from afd_connectors_gpu.deepep_m2n import DeepEPM2NAFDConnector
-from afd_connectors_gpu.nccl_transport import TWO_STAGE_PROBLEM
 from afd_core.config import AFDConfig
 from afd_core.connector import WireSpec
 
@@ -25,12 +25,9 @@ def build(transport: str) -> DeepEPM2NAFDConnector:
     return DeepEPM2NAFDConnector(config, 0, WIRE)
 
 
-def test_over_gloo_two_stages_are_carried() -> None:
-    assert build("gloo").two_stage_problem() is None
-
-
-def test_over_nccl_two_stages_are_refused_with_the_reason() -> None:
-    assert build("nccl").two_stage_problem() == TWO_STAGE_PROBLEM
+@pytest.mark.parametrize("transport", ["gloo", "nccl"])
+def test_two_stages_are_carried(transport: str) -> None:
+    assert build(transport).two_stage_problem() is None
 
 
 @pytest.mark.parametrize("transport", ["gloo", "nccl"])

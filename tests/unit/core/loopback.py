@@ -9,9 +9,13 @@ does, so the endpoints' exact-size paths run on a CPU too; ``DeviceLoopbackTrans
 also keeps its tensors in device memory and declares NCCL's pairing rule (ordered
 pairs), so the endpoints' device paths (what NCCL takes: headers
 copied to the device, checked there once per step) run on one GPU without NCCL; messages
-still travel through host bytes. :data:`DATA_PLANES` names the three for parametrized
-tests. Closing a rank's transport wakes its own waits ("interrupted") and its peers'
-("peer_closed").
+still travel through host bytes. ``InOrderLoopbackTransport`` enforces NCCL's pairing
+rule in host memory: a pair's operations, sends and receives alike, complete strictly in
+each side's posting order, a send only against the peer's receive at the head of its
+order, so an order that would deadlock NCCL's one stream per pair deadlocks here too
+(and ends in a bounded "timeout"). :data:`DATA_PLANES` names the host and device
+planes for parametrized tests. Closing a rank's transport wakes its own waits
+("interrupted") and its peers' ("peer_closed").
 
 ``loopback_connectors(a, f, wire)`` builds real composed connectors (afd-core's control
 channel and endpoints) whose world is a loopback fabric instead of a rendezvous.
@@ -20,6 +24,7 @@ channel and endpoints) whose world is a loopback fabric instead of a rendezvous.
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict, deque
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -138,9 +143,84 @@ class DeviceLoopbackTransport(ExactLoopbackTransport):
         super().__init__(fabric, world_rank, name, "cuda")
 
 
+class _Op:
+    """One posted operation of an :class:`InOrderLoopbackTransport`."""
+
+    __slots__ = ("data", "done", "send", "tensor")
+
+    def __init__(self, send: bool, tensor: torch.Tensor, data: bytes | None) -> None:
+        self.send, self.tensor, self.data, self.done = send, tensor, data, False
+
+
+class InOrderLoopbackTransport(ExactLoopbackTransport):
+    """NCCL's pairing rule in host memory (see the module docstring): each pair's
+    operations complete in posting order, a send only against a receive of its exact
+    size; a head send and receive of different sizes never complete (NCCL does not
+    define what they do), so their waits end in "timeout"."""
+
+    ordered_pairs = True
+
+    def __init__(self, fabric: Fabric, world_rank: int, name: str) -> None:
+        super().__init__(fabric, world_rank, name)
+        self._pending: dict[tuple[int, int, str], deque[_Op]] = fabric.__dict__.setdefault(
+            "in_order", defaultdict(deque)
+        )
+
+    def post_send(self, tensor: torch.Tensor, peer: int) -> Transfer:
+        data = bytes(tensor.contiguous().view(-1).view(torch.uint8).numpy())
+        return self._post(peer, _Op(True, tensor, data))
+
+    def post_recv(self, tensor: torch.Tensor, peer: int) -> Transfer:
+        return self._post(peer, _Op(False, tensor, None))
+
+    def _post(self, peer: int, op: _Op) -> Transfer:
+        fabric = self._fabric
+        with fabric.cond:
+            if self._rank in fabric.closed:
+                raise TransferFailed(peer, "interrupted", "loopback closed")
+            self._pending[self._rank, peer, self._name].append(op)
+            self._match(peer)
+            fabric.cond.notify_all()
+        return Transfer(peer, op)
+
+    def _match(self, peer: int) -> None:
+        """Complete the heads of the two sides' orders while one is a send and the other
+        a receive (call with the fabric's lock held)."""
+        mine = self._pending[self._rank, peer, self._name]
+        theirs = self._pending[peer, self._rank, self._name]
+        while mine and theirs and mine[0].send != theirs[0].send:
+            sent, received = (mine[0], theirs[0]) if mine[0].send else (theirs[0], mine[0])
+            assert sent.data is not None
+            flat = received.tensor.view(-1).view(torch.uint8)
+            if len(sent.data) != flat.numel():
+                return  # NCCL leaves it undefined; here the pair is stuck (a bounded timeout)
+            if sent.data:
+                flat.copy_(torch.frombuffer(bytearray(sent.data), dtype=torch.uint8))
+            mine.popleft().done = True
+            theirs.popleft().done = True
+
+    def wait(self, transfer: Transfer, deadline: float | None) -> None:
+        op = transfer.work
+        assert isinstance(op, _Op)
+        fabric = self._fabric
+        with fabric.cond:
+            while not op.done:
+                if self._rank in fabric.closed:
+                    raise TransferFailed(transfer.peer, "interrupted", "loopback closed")
+                if transfer.peer in fabric.closed:
+                    raise TransferFailed(transfer.peer, "peer_closed", "loopback peer closed")
+                if deadline is not None and time.monotonic() > deadline:
+                    kind = "send" if op.send else "receive"
+                    raise TransferFailed(
+                        transfer.peer, "timeout", f"{kind} not matched in posting order"
+                    )
+                fabric.cond.wait(0.05)
+
+
 _DATA_PLANES = {
     "short-receives": LoopbackTransport,
     "exact-sizes": ExactLoopbackTransport,
+    "in-order": InOrderLoopbackTransport,
     "device": DeviceLoopbackTransport,
 }
 
@@ -150,6 +230,7 @@ _DATA_PLANES = {
 DATA_PLANES = [
     "short-receives",
     "exact-sizes",
+    "in-order",
     pytest.param(
         "device",
         marks=pytest.mark.skipif(

@@ -7,6 +7,7 @@ The process tests start small Python stand-ins instead of vLLM (Linux ``/proc`` 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -124,6 +125,25 @@ def test_extra_args_and_env_reach_every_server_of_the_deployment():
         assert env["VLLM_USE_V2_MODEL_RUNNER"] == "0"
 
 
+def test_role_cpus_bind_each_role_to_its_cpus_and_its_openmp_threads_there():
+    spec = DeploymentSpec(
+        model=Path("/m"), connector="FakeP2P", role_cpus={"attention": (0,), "ffn": (1, 2)}
+    )
+    servers = {s.name: s for s in spec.server_specs(29700, [9000], [9100])}
+    assert (servers["attention-0"].cpus, servers["ffn-0"].cpus) == ((0,), (1, 2))
+    base = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    env = servers["ffn-0"].environment(base, Path("/t"), Path("/c"))
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1,2"  # the spec's CPUs win over the base
+    unpinned = DeploymentSpec(model=Path("/m"), connector="FakeP2P").server_specs(1, [2], [3])
+    assert all(server.cpus == () for server in unpinned)
+
+
+def test_a_server_spec_refuses_repeated_or_negative_cpus():
+    for cpus in ((0, 0), (-1,)):
+        with pytest.raises(ValueError, match="distinct CPU numbers"):
+            ServerSpec(name="s", model=Path("/m"), port=1, cpus=cpus)
+
+
 def test_the_afd_timeout_reaches_both_roles_only_when_set():
     def timeouts(spec: DeploymentSpec) -> list[object]:
         servers = spec.server_specs(29700, attention_ports=[9000], ffn_ports=[9100])
@@ -203,6 +223,24 @@ def test_stop_ends_a_child_that_ignores_sigterm_and_removes_the_tmpdir(monkeypat
     assert status == -signal.SIGTERM
     assert server.leftover_pids() == []
     assert server.tmp_dir is not None and not server.tmp_dir.exists()
+
+
+@needs_proc
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to pin to one")
+def test_a_pinned_server_and_its_children_run_only_on_its_cpus(monkeypatch, tmp_path):
+    cpu = max(os.sched_getaffinity(0))
+    child = "import os, subprocess, sys; print(sorted(os.sched_getaffinity(0)))"
+    script = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
+    monkeypatch.setattr(
+        ServerSpec, "command", lambda self, python=sys.executable: [python, "-c", script]
+    )
+    server = VllmServer(ServerSpec(name="pinned", model=tmp_path, port=1, cpus=(cpu,)), tmp_path)
+    server.start()
+    deadline = time.monotonic() + 30
+    while server.running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    server.stop(grace_s=0.5)
+    assert server.log_path.read_text().strip() == f"[{cpu}]"
 
 
 @needs_proc

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from afd_connectors_gpu.nccl_transport import TWO_STAGE_PROBLEM, NcclTransport
+from afd_connectors_gpu.nccl_transport import NcclTransport
 from afd_core.assembly import (
     EXPERT_ROUTED,
     Control,
@@ -89,10 +89,6 @@ class DeepEPM2NAFDConnector(Connector):
     def parse_extra_config(cls, raw: Mapping[str, Any]) -> M2NExtraConfig:
         """Accept ``transport`` and ``partials_dtype`` (see :class:`M2NExtraConfig`)."""
         return M2NExtraConfig.parse(raw)
-
-    def two_stage_problem(self) -> str | None:
-        """Over NCCL, two stages per step are refused (:data:`TWO_STAGE_PROBLEM`)."""
-        return TWO_STAGE_PROBLEM if self._uses_nccl() else None
 
     def recipe(self) -> Recipe:
         """Over NCCL: one world of every rank. Over gloo: a link of its own per

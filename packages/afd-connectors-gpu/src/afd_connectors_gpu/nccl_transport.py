@@ -7,7 +7,11 @@ H200) that shape it:
 * torch runs every p2p operation between two ranks on one communicator and one stream,
   in posting order, sends and receives alike (``ordered_pairs``): a receive posted before
   a send to the same peer blocks that send. Message sizes must match exactly
-  (``accepts_short_messages`` is False).
+  (``accepts_short_messages`` is False). Two stages per step still pair: the attention
+  endpoints post each reply's receive inside ``send``, so a pair's order is
+  ``S(L,0) R(L,0) S(L,1) R(L,1)`` on both sides (the FFN rank serves layer-major, stage
+  by stage); stage 1's message waits on the stream behind stage 0's reply
+  (``tests/unit/roles/test_two_stages_ordered_pairs.py``, docs/cuda.md).
 * A pair's communicator is built at its first operation, which blocks both ranks until
   the other arrives: :meth:`NcclTransport.open` does that for every data peer at once,
   one byte each way, bounded by the timeout, rather than in a step.
@@ -54,16 +58,6 @@ ABORT_WAIT_S = 5.0
 WATCHDOG_MARGIN_S = 60.0
 #: NCCL setting for graphs of many p2p ops, applied unless the environment sets it.
 GRAPH_MIXING_ENV = "NCCL_GRAPH_MIXING_SUPPORT"
-#: Why a connector over this transport does not carry two stages per step
-#: (:meth:`afd_core.connector.Connector.two_stage_problem`).
-TWO_STAGE_PROBLEM = (
-    "its NCCL data plane runs a pair's sends and receives in posting order on one stream, "
-    "and the FFN rank answers stage 0 of a layer before it receives stage 1 while the "
-    "attention rank sends both stages before it receives; the two stages would wait on "
-    "each other (a data plane per stage is not built yet). Over gloo "
-    "(P2pGlooAFDConnector, or DeepEPM2NAFDConnector with connector_extra_config "
-    '{"transport": "gloo"}) two stages run on CUDA too'
-)
 
 
 class NcclTransport(Transport):

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from afd_connectors_gpu.nccl_transport import TWO_STAGE_PROBLEM, NcclTransport
+from afd_connectors_gpu.nccl_transport import NcclTransport
 from afd_connectors_gpu.replay_watch import CudaReplayGuard
 from afd_core.assembly import (
     P2P_BLOCK,
@@ -75,10 +75,6 @@ class P2pNcclAFDConnector(Connector):
     def parse_extra_config(cls, raw: Mapping[str, Any]) -> NcclExtraConfig:
         """Accept ``high_priority_stream`` (see :class:`NcclExtraConfig`)."""
         return NcclExtraConfig.parse(raw)
-
-    def two_stage_problem(self) -> str:
-        """Two stages per step are refused: see :data:`TWO_STAGE_PROBLEM`."""
-        return TWO_STAGE_PROBLEM
 
     def recipe(self) -> Recipe:
         """One world, announced steps, the NCCL data plane, the P2P block pattern, and a

@@ -152,11 +152,27 @@ def _announces_steps(config: AFDConfig) -> bool:
     from afd_core.registry import get_registry
 
     cls = get_registry().connectors[config.connector].load()
-    probe = WireSpec(hidden_size=1, dtype="bfloat16", num_exchange_layers=1)
     try:
-        return bool(cls(config, 0, probe).recipe().control is Control.ANNOUNCED)
+        return bool(cls(config, 0, probe_wire(config)).recipe().control is Control.ANNOUNCED)
     except NotImplementedError:
         return True
+
+
+def probe_wire(config: AFDConfig) -> WireSpec:
+    """The smallest wire spec a connector of ``config`` accepts, for reading its recipe
+    without a model: one exchanging layer; for an expert-routed config an MoE one (one
+    routed expert per FFN rank, top-1, the router logits when the gate is on attention)."""
+    if config.exchange != "expert":
+        return WireSpec(hidden_size=2, dtype="bfloat16", num_exchange_layers=1)
+    experts = config.num_ffn_ranks
+    return WireSpec(
+        hidden_size=2,
+        dtype="bfloat16",
+        num_exchange_layers=1,
+        router_logits_width=experts if config.compute_gate_on_attention else 0,
+        num_experts=experts,
+        top_k=1,
+    )
 
 
 def _describe_stages(config: AFDConfig) -> str:

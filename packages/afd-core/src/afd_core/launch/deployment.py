@@ -50,7 +50,9 @@ class DeploymentSpec:
     e.g. ``VLLM_USE_V2_MODEL_RUNNER``); ``role_env[role]`` goes on top of it for the
     servers of that role only (e.g. ``CUDA_VISIBLE_DEVICES`` to put each role on its own
     GPU), and ``role_args[role]`` after ``extra_args`` on their command lines (e.g.
-    ``("--tensor-parallel-size", "2")`` for the attention role). ``max_num_seqs`` goes
+    ``("--tensor-parallel-size", "2")`` for the attention role); ``role_cpus[role]``
+    confines each server of that role to those CPUs (:attr:`ServerSpec.cpus`; e.g.
+    ``{"attention": (0,), "ffn": (1,)}`` for a role per core). ``max_num_seqs`` goes
     to every server (vLLM's ``--max-num-seqs``: the most requests a step batches).
     ``num_stages``, ``stage_decode_token_threshold``,
     ``stage_prefill_token_threshold``, ``afd_process_group_timeout_s`` and
@@ -78,6 +80,7 @@ class DeploymentSpec:
     extra_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     role_env: Mapping[Role, Mapping[str, str]] = field(default_factory=lambda: MappingProxyType({}))
     role_args: Mapping[Role, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    role_cpus: Mapping[Role, tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}))
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
     num_stages: int = 1
     stage_decode_token_threshold: int | None = None
@@ -144,6 +147,7 @@ class DeploymentSpec:
                             **self.extra_env,
                             **self.role_env.get(role, {}),
                         },
+                        cpus=tuple(self.role_cpus.get(role, ())),
                     )
                 )
         return specs

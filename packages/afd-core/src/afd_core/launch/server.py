@@ -63,7 +63,11 @@ class ServerSpec:
     ``--additional-config`` (JSON) when given. ``dev_mode`` sets ``VLLM_SERVER_DEV_MODE=1``
     so that ``POST /collective_rpc`` is served. ``extra_args`` are appended to the vLLM
     command line; ``extra_env`` overrides the environment last (left out of the repr: it
-    may carry the deployment's secret).
+    may carry the deployment's secret). ``cpus``, when given, confines the server's whole
+    process tree (API server, engine core, workers and their threads) to those CPUs: the
+    API server is started on them (children inherit the affinity) and vLLM's CPU worker
+    binds its OpenMP threads to them (``VLLM_CPU_OMP_THREADS_BIND``), so that two servers
+    on separate CPUs behave as separate devices (``benchmarks/afd_overlap_cpu.py``).
     """
 
     name: str
@@ -80,6 +84,11 @@ class ServerSpec:
     seed: int = 0
     extra_args: tuple[str, ...] = ()
     extra_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}), repr=False)
+    cpus: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if any(cpu < 0 for cpu in self.cpus) or len(set(self.cpus)) != len(self.cpus):
+            raise ValueError(f"{self.name}: cpus must be distinct CPU numbers, not {self.cpus}")
 
     @property
     def model_name(self) -> str:
@@ -130,10 +139,13 @@ class ServerSpec:
 
         Offline model loading, no usage reports, unbuffered output, a private ``TMPDIR``
         (vLLM leaves sockets and ``vllm_dist_*`` files there), the deployment's shared
-        ``VLLM_CACHE_ROOT``, and ``VLLM_CPU_OMP_THREADS_BIND=nobind``
-        unless ``base`` sets it (the default binding pins every server to the same core).
+        ``VLLM_CACHE_ROOT``, and ``VLLM_CPU_OMP_THREADS_BIND``: the spec's ``cpus`` when
+        given, else ``nobind`` unless ``base`` sets it (the default binding pins every
+        server to the same core).
         """
         env = dict(base)
+        if self.cpus:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(cpu) for cpu in self.cpus)
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root / "torchinductor"))
         env.update(
@@ -203,6 +215,7 @@ class VllmServer:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed by stop()
         env = self.spec.environment(os.environ, self.tmp_dir, self.cache_root)
         self._started_at = time.monotonic()
+        cpus = self.spec.cpus
         self._proc = subprocess.Popen(
             self.spec.command(),
             env=env,
@@ -210,6 +223,8 @@ class VllmServer:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            # In the child, before exec: everything the server starts inherits it.
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
         )
         remember_session(self._proc.pid)
 
