@@ -11,7 +11,7 @@ announcements) is not delayed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -71,11 +71,10 @@ class DelayedGlooP2pConnector(Connector):
         gloo, extra = gloo_data_plane(), self.extra
 
         def delayed(site: TransportSite) -> Transport:
+            fixed = extra.delay_us * 1e-6
+            delay_s: Callable[[], float] = lambda: fixed  # noqa: E731
             if extra.delay_file is not None:
                 delay_s = DelaySetting(Path(extra.delay_file)).seconds
-            else:
-                fixed = extra.delay_us * 1e-6
-                delay_s = lambda: fixed  # noqa: E731
             return DelayingTransport(gloo.open(site), delay_s, site.timeout_s)
 
         return Recipe(Layout.LINKS, Control.ANNOUNCED, TransportPlane(delayed), P2P_BLOCK)
