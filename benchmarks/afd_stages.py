@@ -28,7 +28,9 @@ vLLM, at several concurrencies, in one run; each AFD role's busy fraction.
 
 With ``--gpu`` every server runs on this host's CUDA GPU (both AFD roles share it, over
 gloo), with the V1 runner (two stages need it) and the gpu-harness's engine arguments
-(``$GPU_HARNESS_SETTINGS``, as the CUDA end-to-end tests read them).
+(``$GPU_HARNESS_SETTINGS``, as the CUDA end-to-end tests read them), and a fourth
+deployment runs two stages with ``"stage_streams": "shared"`` (both stages on the
+worker's CUDA stream) beside the default ``"per-stage"`` one.
 
 Usage (docs/performance.md has the figures and the reasons for the environment)::
 
@@ -74,6 +76,8 @@ VLLM_BENCH_OUTPUT_LEN = 32
 VLLM_BENCH_PROMPTS = 64
 
 MONOLITHIC, ONE_STAGE, TWO_STAGES = "monolithic", "AFD 1 stage", "AFD 2 stages"
+#: The two-stage deployment whose stages share the worker's CUDA stream (``--gpu`` only).
+TWO_STAGES_SHARED = "AFD 2st shared"
 LABELS = (MONOLITHIC, ONE_STAGE, TWO_STAGES)
 
 
@@ -192,13 +196,17 @@ def _start(
     targets = [
         Target(MONOLITHIC, monolithic.url, monolithic.spec.model_name, {"mono": monolithic.pid})
     ]
-    for label, num_stages in ((ONE_STAGE, 1), (TWO_STAGES, 2)):
+    afd = [(ONE_STAGE, 1, None), (TWO_STAGES, 2, "per-stage")]
+    if gpu:
+        afd.append((TWO_STAGES_SHARED, 2, "shared"))
+    for label, num_stages, stage_streams in afd:
         spec = DeploymentSpec(
             model=model,
             max_num_seqs=max_num_seqs,
             num_stages=num_stages,
             stage_decode_token_threshold=threshold if num_stages == 2 else None,
             stage_prefill_token_threshold=threshold if num_stages == 2 else None,
+            stage_streams=stage_streams,
             start_timeout_s=START_TIMEOUT_S,
             extra_args=args,
             extra_env=env,
@@ -209,7 +217,7 @@ def _start(
         targets.append(
             Target(label, deployment.endpoint, deployment.model_name, sessions, deployment)
         )
-    print(f"three deployments healthy; logs in {logs}")
+    print(f"{len(targets)} deployments healthy; logs in {logs}")
     return targets
 
 
@@ -367,6 +375,18 @@ def _format(
             f"{cell(TWO_STAGES, c):>17} | {two / one:>7.2f} {two / mono:>8.2f} | "
             f"{busy(ONE_STAGE, c)} {busy(TWO_STAGES, c)} | {cpu} | {host}"
         )
+    if any(label == TWO_STAGES_SHARED for label, _ in windows):
+        lines.append("two stages, both on the worker's CUDA stream (stage_streams shared):")
+        lines.append(f"{'C':>3} | {TWO_STAGES_SHARED:>17} | 2st-shared/1st | 2st/2st-shared")
+        for c in args.concurrency:
+            one, two, shared = (
+                median(label, c, "output_tok_s")
+                for label in (ONE_STAGE, TWO_STAGES, TWO_STAGES_SHARED)
+            )
+            lines.append(
+                f"{c:>3} | {cell(TWO_STAGES_SHARED, c):>17} | {shared / one:>14.2f} | "
+                f"{two / shared:>14.2f}"
+            )
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@
   :func:`first_mismatch` compares two runs of them.
 * :func:`post_json`: a JSON ``POST`` whose HTTP error status is an answer, not an error.
 * :func:`leftover_processes`: processes of launched servers that are still alive.
+* :func:`settled`: a reading (a deployment's counters) once it stops changing.
 
 Every wait is bounded: server start by :data:`SERVER_START_TIMEOUT_S`, requests by
 :data:`REQUEST_TIMEOUT_S`.
@@ -25,11 +26,11 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from afd_core.launch import ServerSpec, VllmServer, free_ports
 from afd_core.launch.processes import session_processes, started_sessions
@@ -42,6 +43,35 @@ TOP_LOGPROBS = 5
 #: logprobs of runs whose step batches may differ.
 BF16_RTOL = 2.0**-6
 _TOKEN_ID_PREFIX = "token_id:"
+SETTLE_INTERVAL_S = 0.5
+SETTLE_TIMEOUT_S = 30.0
+
+T = TypeVar("T")
+
+
+def settled(
+    read: Callable[[], T],
+    interval_s: float = SETTLE_INTERVAL_S,
+    timeout_s: float = SETTLE_TIMEOUT_S,
+) -> T:
+    """``read()`` once it stops changing: the first value equal to the one read
+    ``interval_s`` before it.
+
+    A deployment's counters move on after a completion has returned: vLLM's data-parallel
+    engines end a wave with dummy steps that still cross every layer, and a server counts
+    a step after its last reply. Raises AssertionError when the value still changes after
+    ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    last = read()
+    while True:
+        time.sleep(interval_s)
+        now = read()
+        if now == last:
+            return now
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still changing after {timeout_s} s: {last} then {now}")
+        last = now
 
 
 def build_tiny_models(out_dir: Path) -> Path:

@@ -46,6 +46,7 @@ from tests.e2e_cpu.harness import (
     complete,
     first_mismatch,
     post_json,
+    settled,
 )
 from tests.e2e_cpu.load import (
     CONCURRENCY,
@@ -222,9 +223,9 @@ def test_afd_serves_the_same_tokens_as_monolithic_vllm(
 ) -> None:
     case, deployment = served.case, served.deployment
     reference = complete(monolithic_servers.get(served.model).url, PROMPTS, MAX_TOKENS)
-    (before,) = deployment.ffn_stats()
+    (before,) = settled(deployment.ffn_stats)
     per_rank = complete_on_all(deployment.endpoints)
-    (after,) = deployment.ffn_stats()
+    (after,) = settled(deployment.ffn_stats)
     for afd in per_rank:
         assert_same_as_monolithic(afd, reference)
     num_layers = _num_layers(served.model)

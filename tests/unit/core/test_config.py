@@ -565,3 +565,16 @@ def test_num_stages_is_a_setting_both_roles_share_but_the_thresholds_are_not() -
     shared = parse(num_stages=2, stage_decode_token_threshold=4).shared_view()
     assert shared["num_stages"] == 2
     assert not any(key.startswith("stage_") for key in shared)
+
+
+def test_each_stage_has_its_own_cuda_stream_unless_the_stages_share_the_workers() -> None:
+    assert parse().stage_streams == "per-stage"
+    assert parse(num_stages=2, stage_streams="shared").stage_streams == "shared"
+    assert "stage_streams" not in parse(stage_streams="shared").shared_view()
+
+
+@pytest.mark.parametrize("value", ["per_stage", 2, None])
+def test_stage_streams_other_than_per_stage_or_shared_is_rejected(value: Any) -> None:
+    rejected(
+        "stage_streams must be 'per-stage' or 'shared'", 'use "per-stage"', stage_streams=value
+    )

@@ -127,3 +127,62 @@ def test_a_scheduled_batch_that_splits_gets_one_attention_metadata_per_stage(
     runner.input_batch.req_ids = ["a", "b", "c"]
     assert runner._build_attention_metadata(4, 3, 1, num_scheduled_tokens=few)[0] is None
     assert runner._afd_stage_plan is None
+
+
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA streams need a CUDA device (run on a GPU host)"
+)
+#: GPU cycles of the kernel one stage leaves queued (about a second on current GPUs):
+#: far longer than a small copy to the host, and than any host scheduling gap.
+SLEEP_CYCLES = 2_000_000_000
+
+
+@needs_cuda
+@pytest.mark.parametrize("streams", ["per-stage", "shared"])
+def test_a_stages_copy_to_the_host_waits_for_the_other_stages_kernels_only_on_a_shared_stream(
+    streams: str,
+) -> None:
+    """Stage 1 leaves a long kernel queued and hands the turn back; stage 0 then copies a
+    tensor to the host. With a stream per stage the copy returns while stage 1's kernel
+    still runs; with one shared stream it returns only after that kernel. Either way the
+    worker's stream is ordered after both stages when the step returns."""
+    forward = TwoStageForward(POLICY, timeout_s=30, streams=streams)  # type: ignore[arg-type]
+    caller = torch.cuda.current_stream()
+    x = torch.arange(4.0, device="cuda")
+    done: dict[str, bool] = {}
+    used: list[torch.cuda.Stream] = []
+    slow = torch.cuda.Event()
+
+    def stage0() -> torch.Tensor:
+        used.append(torch.cuda.current_stream())
+        y = x * 2
+        forward.checkpoint()  # stage 1 queues its long kernel
+        host = y.cpu()
+        done["slow kernel finished before the copy returned"] = slow.query()
+        return host
+
+    def stage1() -> torch.Tensor:
+        used.append(torch.cuda.current_stream())
+        torch.cuda._sleep(SLEEP_CYCLES)
+        z = x + 1
+        slow.record()
+        forward.checkpoint()
+        return z
+
+    try:
+        host, z = forward.run([object(), object()], [stage0, stage1])
+    finally:
+        forward.close()
+    assert host.tolist() == [0.0, 2.0, 4.0, 6.0]
+    if streams == "per-stage":
+        assert used[0] != used[1] and caller not in used
+        assert done == {"slow kernel finished before the copy returned": False}
+    else:
+        assert used == [caller, caller]
+        assert done == {"slow kernel finished before the copy returned": True}
+    # The caller's stream follows both stages: a kernel queued now sees stage 1's result.
+    assert (z * 1).tolist() == [1.0, 2.0, 3.0, 4.0]
+    after = torch.cuda.Event()
+    after.record(caller)
+    after.synchronize()
+    assert slow.query()

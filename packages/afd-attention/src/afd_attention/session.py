@@ -90,7 +90,9 @@ class AttentionSession:
         if config.num_stages == 2:
             # Longer than the connector's own waits: its error comes first.
             timeout_s = STAGE_TIMEOUT_FACTOR * config.afd_process_group_timeout_s
-            stages = TwoStageForward(config.stage_policy, timeout_s=timeout_s)
+            stages = TwoStageForward(
+                config.stage_policy, timeout_s=timeout_s, streams=config.stage_streams
+            )
         try:
             connector.initialize()
             driver = StepDriver(

@@ -32,7 +32,9 @@ from afd_core.stages import (
     DEFAULT_DECODE_TOKEN_THRESHOLD,
     DEFAULT_PREFILL_TOKEN_THRESHOLD,
     MIN_TOKEN_THRESHOLD,
+    STAGE_STREAMS,
     StagePolicy,
+    StageStreams,
 )
 from afd_core.topology import ROLES, ExchangePattern, Role, Topology
 
@@ -54,6 +56,7 @@ KEYS: tuple[str, ...] = (
     "num_stages",
     "stage_decode_token_threshold",
     "stage_prefill_token_threshold",
+    "stage_streams",
 )
 
 #: Alternative spellings (alias -> key); an alias and its key must not both be set.
@@ -82,6 +85,10 @@ class AFDConfig:
     ``num_stages`` is the number of micro-batch stages per step (1, or 2 so that one
     stage's FFN round trip overlaps the other's attention); the attention role splits a
     step only from the ``stage_*_token_threshold`` token counts (:attr:`stage_policy`).
+    ``stage_streams`` says where a two-stage step's kernels queue on CUDA: ``"per-stage"``
+    (each stage on its own stream, ordered against the worker's stream by events at the
+    step's start and end) or ``"shared"`` (both on the worker's stream); it changes
+    nothing on CPU.
     ``exchange`` is not a key: it is the connector's exchange pattern (its
     :class:`~afd_core.specs.ConnectorSpec`), which decides the topology and what each role
     builds (``"expert"``: routed experts split over the FFN ranks), and nor is
@@ -104,6 +111,7 @@ class AFDConfig:
     num_stages: int = 1
     stage_decode_token_threshold: int = DEFAULT_DECODE_TOKEN_THRESHOLD
     stage_prefill_token_threshold: int = DEFAULT_PREFILL_TOKEN_THRESHOLD
+    stage_streams: StageStreams = "per-stage"
     exchange: ExchangePattern = "block"
     expert_placement: PlacementRule = "balanced"
 
@@ -203,6 +211,7 @@ def parse_afd_config(
         num_stages=_parse_int(values, "num_stages"),
         stage_decode_token_threshold=_parse_int(values, "stage_decode_token_threshold"),
         stage_prefill_token_threshold=_parse_int(values, "stage_prefill_token_threshold"),
+        stage_streams=_parse_stage_streams(values),
         connector_extra_config=MappingProxyType(_parse_extra_config(values, spec)),
         exchange=spec.exchange,
         expert_placement=spec.expert_placement,
@@ -371,6 +380,17 @@ def _parse_topology(values: Mapping[str, Any], spec: ConnectorSpec) -> Topology:
                 "use fewer FFN ranks", f"use fewer FFN ranks ({spec.name} pairs ranks in blocks)"
             )
         raise AFDConfigError(f"AFD config: {reason}") from exc
+
+
+def _parse_stage_streams(values: Mapping[str, Any]) -> StageStreams:
+    value = _value(values, "stage_streams")
+    if value not in STAGE_STREAMS:
+        choices = " or ".join(repr(choice) for choice in STAGE_STREAMS)
+        raise AFDConfigError(
+            f"AFD config: stage_streams must be {choices}, got {show(value)}; use "
+            '"per-stage" (each stage of a two-stage step on its own CUDA stream) or "shared"'
+        )
+    return value
 
 
 def _parse_compute_gate(values: Mapping[str, Any], spec: ConnectorSpec) -> bool:

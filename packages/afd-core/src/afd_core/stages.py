@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 #: vLLM's default ``dbo_decode_token_threshold``.
 DEFAULT_DECODE_TOKEN_THRESHOLD = 32
@@ -30,6 +31,11 @@ DEFAULT_DECODE_TOKEN_THRESHOLD = 32
 DEFAULT_PREFILL_TOKEN_THRESHOLD = 512
 #: The fewest tokens a split batch can have: one per stage.
 MIN_TOKEN_THRESHOLD = 2
+
+#: Where a two-stage step's kernels queue on CUDA: each stage on its own stream, or both
+#: on the worker's stream (the config's ``stage_streams``).
+StageStreams = Literal["per-stage", "shared"]
+STAGE_STREAMS: tuple[StageStreams, ...] = ("per-stage", "shared")
 
 
 @dataclass(frozen=True)

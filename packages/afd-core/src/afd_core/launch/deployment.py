@@ -55,8 +55,8 @@ class DeploymentSpec:
     ``{"attention": (0,), "ffn": (1,)}`` for a role per core). ``max_num_seqs`` goes
     to every server (vLLM's ``--max-num-seqs``: the most requests a step batches).
     ``num_stages``, ``stage_decode_token_threshold``,
-    ``stage_prefill_token_threshold``, ``afd_process_group_timeout_s`` and
-    ``connector_extra_config``, ``async_dp``: the AFD config keys of those names, on every
+    ``stage_prefill_token_threshold``, ``stage_streams``, ``afd_process_group_timeout_s``
+    and ``connector_extra_config``, ``async_dp``: the AFD config keys of those names, on every
     server (None / empty / false: their defaults). ``rendezvous_secret`` goes into every
     server's environment as ``AFD_RENDEZVOUS_SECRET`` (:mod:`afd_core.runtime.store_gate`):
     by default a new random one per spec, so no process outside the deployment can use its
@@ -85,6 +85,7 @@ class DeploymentSpec:
     num_stages: int = 1
     stage_decode_token_threshold: int | None = None
     stage_prefill_token_threshold: int | None = None
+    stage_streams: str | None = None
     afd_process_group_timeout_s: int | None = None
     connector_extra_config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     async_dp: bool = False
@@ -108,6 +109,7 @@ class DeploymentSpec:
         optional = {
             "stage_decode_token_threshold": self.stage_decode_token_threshold,
             "stage_prefill_token_threshold": self.stage_prefill_token_threshold,
+            "stage_streams": self.stage_streams,
             "afd_process_group_timeout_s": self.afd_process_group_timeout_s,
         }
         settings.update({key: value for key, value in optional.items() if value is not None})
