@@ -13,7 +13,10 @@ a stage's exchange is in flight, and the hidden share of the exchange.
    ``correlation`` with a CUDA runtime call). The *hidden share* is the time within the
    exchanges during which the GPU ran kernels of the other stage, over the exchanges'
    total time: the part of the round trip that the other stage's attention filled;
-4. prints, per setting, the hidden share, the step period and the streams the kernels
+4. before the window, sends the tiny models' fixed prompts (greedy, top-5 logprobs) and
+   compares the completions of every setting with the first setting's: the stream
+   placement must not change a token or a logprob;
+5. prints, per setting, the hidden share, the step period and the streams the kernels
    ran on, and a text timeline of one two-stage step from the middle of the window
    (host ranges of both stage threads and, merged into bursts, the kernels of each
    stream); writes that step's trace events to ``--out``/``step-<setting>.json``
@@ -79,14 +82,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="afd-timeline-work-"))
     texts = []
+    completions: dict[str, list[Any]] = {}
     for streams in args.streams:
         traces = work / f"traces-{streams}"
-        _profile(args.model, streams, args.concurrency, args.seconds, traces, work)
+        completions[streams] = _profile(
+            args.model, streams, args.concurrency, args.seconds, traces, work
+        )
         events = _trace(traces, "afd-attention0")
         text, step_events = summarise(events, f"stage_streams {streams}, C={args.concurrency}")
         print(text, flush=True)
         texts.append(text)
         (out / f"step-{streams}.json").write_text(json.dumps({"traceEvents": step_events}))
+    first, *others = args.streams
+    for streams in others:
+        line = _compare(completions[first], completions[streams], f"{streams} against {first}")
+        print(line)
+        texts.append(line)
     (out / "timeline.txt").write_text("\n\n".join(texts) + "\n")
     print(f"written to {out}")
     return 0
@@ -94,8 +105,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _profile(
     model: Path, streams: str, concurrency: int, seconds: float, traces: Path, work: Path
-) -> None:
+) -> list[Any]:
+    """Start the deployment, take its completions of the fixed prompts, profile a window."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from afd_models.tiny.specs import MEASURED_TOKENS, PROMPTS
+    from tests.e2e_cpu.harness import complete
     from tests.e2e_gpu.gpu_settings import server_args
 
     profiler = {
@@ -118,7 +132,24 @@ def _profile(
         role_args={"attention": ("--profiler-config", json.dumps(profiler))},
     )
     with LocalDeployment(spec, work_dir=work / streams) as deployment:
+        completions = complete(deployment.endpoint, PROMPTS, MEASURED_TOKENS)
         _while_decoding(deployment, concurrency, seconds)
+    return completions
+
+
+def _compare(want: list[Any], got: list[Any], label: str) -> str:
+    """Whether two settings' completions agree: tokens, and the largest logprob change."""
+    tokens = [c.token_ids for c in want] == [c.token_ids for c in got]
+    diff = max(
+        (
+            abs(x[t] - y[t])
+            for a, b in zip(want, got, strict=True)
+            for x, y in zip(a.top_logprobs, b.top_logprobs, strict=True)
+            for t in x.keys() & y.keys()
+        ),
+        default=0.0,
+    )
+    return f"completions of {label}: tokens equal {tokens}, max |logprob diff| {diff:.6f} nats"
 
 
 def _while_decoding(deployment: LocalDeployment, concurrency: int, seconds: float) -> None:
