@@ -1,7 +1,7 @@
 """Shared helpers of the CPU end-to-end tests: tiny models, servers, requests, leaks.
 
-* :func:`build_tiny_models`: the tiny checkpoints (``python -m afd_models.tiny``), or the
-  prebuilt ones named by ``$AFD_TINY_MODELS``.
+* :func:`build_tiny_models`: the generator's checkpoints of one family (``python -m
+  afd_models.tiny``), or the prebuilt ones named by ``$AFD_TINY_MODELS`` / ``$AFD_WIDE_MODELS``.
 * :class:`MonolithicServers`: plain vLLM servers (no AFD) per (model, eager), started on
   first use and reused until :meth:`MonolithicServers.stop_all`.
 * :func:`complete`: greedy completions through the official ``openai`` client, with the
@@ -74,17 +74,19 @@ def settled(
         last = now
 
 
-def build_tiny_models(out_dir: Path) -> Path:
-    """The directory holding every tiny model (``<dir>/tiny-qwen3-moe``, ...).
+def build_tiny_models(out_dir: Path, family: str = "tiny") -> Path:
+    """The directory holding every model of the generator's ``family``
+    (``<dir>/tiny-qwen3-moe``, ...; ``"wide"``: ``<dir>/wide-qwen3-moe``, ...).
 
-    ``$AFD_TINY_MODELS`` (built earlier by ``python -m afd_models.tiny DIR``) wins;
-    otherwise the models are built into ``out_dir`` in a child process.
+    ``$AFD_TINY_MODELS`` (``$AFD_WIDE_MODELS`` for the wide family; built earlier by
+    ``python -m afd_models.tiny DIR --family F``) wins; otherwise the models are built
+    into ``out_dir`` in a child process.
     """
-    prebuilt = os.environ.get("AFD_TINY_MODELS")
+    prebuilt = os.environ.get(f"AFD_{family.upper()}_MODELS")
     if prebuilt:
         return Path(prebuilt)
     subprocess.run(
-        [sys.executable, "-m", "afd_models.tiny", str(out_dir)],
+        [sys.executable, "-m", "afd_models.tiny", str(out_dir), "--family", family],
         check=True,
         timeout=TINY_MODEL_BUILD_TIMEOUT_S,
     )

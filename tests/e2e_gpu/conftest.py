@@ -21,7 +21,7 @@ import pytest
 
 from afd_core.launch.processes import kill_session
 from tests.e2e_cpu.conftest import tiny_models, vllm_cache_root
-from tests.e2e_cpu.harness import MonolithicServers, leftover_processes
+from tests.e2e_cpu.harness import MonolithicServers, build_tiny_models, leftover_processes
 from tests.e2e_gpu.gpu_settings import cuda_device_count, role_gpus, server_args
 
 __all__ = ["tiny_models", "vllm_cache_root"]  # shared fixtures, registered here too
@@ -38,6 +38,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "e2e_gpu" in item.nodeid:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def wide_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Directory of the generator's wide family (``wide-qwen3-moe``, ``wide-deepseek-v2``:
+    hidden 256, 16 experts top-4), built once per session on first use."""
+    return build_tiny_models(tmp_path_factory.mktemp("wide-models"), family="wide")
 
 
 @pytest.fixture(scope="session")

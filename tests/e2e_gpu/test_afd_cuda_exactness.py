@@ -22,7 +22,9 @@ host inside the connector and the FFN server moves what it receives to its GPU. 
 processes on one GPU); those cases skip on a host with fewer than two GPUs. Two stages
 per step (``num_stages`` 2) run on the V1 runner, eagerly, over gloo (P2P with each
 model, and expert-routed) and over NCCL (P2P with each model); the FFN server's counters
-show that the steps split.
+show that the steps split. The generator's wide family (``wide-qwen3-moe``,
+``wide-deepseek-v2``: hidden 256, 16 experts top-4, the held-out models' shapes) runs
+over gloo with both runners, both gates, one and two stages.
 """
 
 from __future__ import annotations
@@ -45,8 +47,12 @@ pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
 
 QWEN, DEEPSEEK = "tiny-qwen3-moe", "tiny-deepseek-v2"
+#: The generator's wide family (hidden 256, head_dim 64, 16 experts top-4, expert width
+#: 128): the shapes of the held-out models (docs/testing.md), sharpened like the others.
+WIDE_QWEN, WIDE_DEEPSEEK = "wide-qwen3-moe", "wide-deepseek-v2"
+WIDE_MODELS = {WIDE_QWEN, WIDE_DEEPSEEK}
 #: Models whose attention is MLA (the harness runs them with other attention backends).
-MLA_MODELS = {DEEPSEEK}
+MLA_MODELS = {DEEPSEEK, WIDE_DEEPSEEK}
 MAX_TOKENS = min(12, MEASURED_TOKENS)
 #: Largest accepted |AFD - monolithic| of a top-5 logprob, in nats: the FFN rank runs the
 #: same kernels on the same tokens as the monolithic server, so any difference is a bf16
@@ -139,6 +145,13 @@ CASES = [
     Case("v1", gate_on_attention=True, connector=M2N_GLOO, num_stages=2),
     Case("v1", gate_on_attention=False, connector=NCCL, num_stages=2),
     Case("v1", gate_on_attention=True, connector=NCCL, model=DEEPSEEK, num_stages=2),
+    # The wide family over gloo on one GPU: both runners and gates, one and two stages,
+    # expert-routed too (two FFN ranks of eight experts each).
+    Case("v2", gate_on_attention=False, model=WIDE_QWEN),
+    Case("v1", gate_on_attention=True, model=WIDE_QWEN, num_stages=2),
+    Case("v2", gate_on_attention=True, model=WIDE_DEEPSEEK),
+    Case("v1", gate_on_attention=False, model=WIDE_DEEPSEEK, num_stages=2),
+    Case("v2", gate_on_attention=True, connector=M2N_GLOO, model=WIDE_QWEN),
 ]
 
 
@@ -155,14 +168,15 @@ def max_logprob_difference(afd: list[Completion], reference: list[Completion]) -
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_afd_on_cuda_serves_the_same_tokens_as_monolithic_vllm(
     case: Case,
-    tiny_models: Path,
+    request: pytest.FixtureRequest,
     monolithic_servers: MonolithicServers,
     vllm_cache_root: Path,
     tmp_path: Path,
 ) -> None:
     if case.connector == NCCL and cuda_device_count() < 2:
         pytest.skip(f"{NCCL} needs two GPUs (one per role); this host has {cuda_device_count()}")
-    model = tiny_models / case.model
+    family = "wide_models" if case.model in WIDE_MODELS else "tiny_models"
+    model = request.getfixturevalue(family) / case.model
     env = RUNNER_ENV[case.runner]
     eager_reference = complete(
         monolithic_servers.get(model, extra_env=env, extra_args=server_args(mla=case.mla)).url,

@@ -22,6 +22,7 @@ from afd_models.tiny.specs import (
     QWEN3_MOE,
     TINY_MODELS,
     VOCAB_SIZE,
+    WIDE_MODELS,
 )
 
 
@@ -29,9 +30,23 @@ def _with(spec, **changes):
     return dataclasses.replace(spec, config={**spec.config, **changes})
 
 
-@pytest.mark.parametrize("spec", TINY_MODELS.values(), ids=TINY_MODELS.keys())
+@pytest.mark.parametrize(
+    "spec", [*TINY_MODELS.values(), *WIDE_MODELS.values()], ids=[*TINY_MODELS, *WIDE_MODELS]
+)
 def test_every_tiny_model_fits_vllm_cpu(spec):
     spec.check_cpu_constraints(tokenizer_size=VOCAB_SIZE)
+
+
+def test_the_wide_family_has_the_held_out_shapes_and_the_tiny_models_sharpening():
+    for wide, tiny in zip(WIDE_MODELS.values(), TINY_MODELS.values(), strict=True):
+        cfg = wide.config
+        routed = cfg.get("num_experts", cfg.get("n_routed_experts"))
+        assert (cfg["hidden_size"], cfg["moe_intermediate_size"]) == (256, 128)
+        assert (routed, cfg["num_experts_per_tok"]) == (16, 4)
+        assert wide.architecture == tiny.architecture and wide.name.startswith("wide-")
+        assert (wide.lm_head_scale, wide.expert_spread) == (tiny.lm_head_scale, tiny.expert_spread)
+    assert WIDE_MODELS["wide-qwen3-moe"].attention_head_size == 64
+    assert not set(WIDE_MODELS) & set(TINY_MODELS)
 
 
 def test_qwen3_moe_uses_a_cpu_attention_head_size_and_gqa():

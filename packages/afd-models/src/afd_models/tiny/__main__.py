@@ -1,4 +1,5 @@
-"""``python -m afd_models.tiny OUT_DIR [--seed N] [--model NAME ...]``: build tiny models.
+"""``python -m afd_models.tiny OUT_DIR [--seed N] [--family F | --model NAME ...]``: build
+tiny models (the family ``tiny`` by default; ``wide``: the CUDA suites' wider shapes).
 
 Exit status 0 when every model was built sharp and FFN-dependent enough, 1 otherwise.
 """
@@ -11,7 +12,7 @@ import time
 from pathlib import Path
 
 from afd_models.tiny.generate import TinyModelError, generate_tiny_models
-from afd_models.tiny.specs import TINY_MODELS
+from afd_models.tiny.specs import FAMILIES
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,15 +24,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out_dir", type=Path, help="each model goes into OUT_DIR/<name>")
     parser.add_argument("--seed", type=int, default=0, help="weight and tokenizer seed")
     parser.add_argument(
+        "--family",
+        choices=sorted(FAMILIES),
+        default="tiny",
+        help="build every model of this family (default: tiny)",
+    )
+    parser.add_argument(
         "--model",
         action="append",
-        choices=sorted(TINY_MODELS),
-        help="build only this model (repeatable; default: all)",
+        choices=sorted(name for family in FAMILIES.values() for name in family),
+        help="build only this model, of any family (repeatable; overrides --family)",
     )
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
-        reports = generate_tiny_models(args.out_dir, args.seed, args.model)
+        names = args.model or list(FAMILIES[args.family])
+        reports = generate_tiny_models(args.out_dir, args.seed, names)
     except TinyModelError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -21,6 +21,7 @@ from afd_core.errors import AFDError
 from afd_models.tiny.measure import Margin, measure
 from afd_models.tiny.sharpen import sharpen
 from afd_models.tiny.specs import (
+    FAMILIES,
     MAX_ATTEMPTS,
     MEASURED_TOKENS,
     PROMPTS,
@@ -76,12 +77,14 @@ class TinyModelReport:
 def generate_tiny_models(
     out_root: Path, seed: int = 0, names: Iterable[str] | None = None
 ) -> list[TinyModelReport]:
-    """Build the models ``names`` (default: all of ``TINY_MODELS``) under ``out_root``.
+    """Build the models ``names`` (of any family; default: all of ``TINY_MODELS``) under
+    ``out_root``.
 
     Each lands in ``out_root / spec.name``. Raises KeyError for an unknown name and
     TinyModelError when a model cannot be made sharp and FFN-dependent enough.
     """
-    specs = [TINY_MODELS[n] for n in (names or TINY_MODELS)]
+    known = {name: spec for family in FAMILIES.values() for name, spec in family.items()}
+    specs = [known[n] for n in (names or TINY_MODELS)]
     tokenizer = build_tokenizer(seed)
     return [generate_tiny_model(spec, out_root / spec.name, seed, tokenizer) for spec in specs]
 

