@@ -29,8 +29,8 @@ vLLM, at several concurrencies, in one run; each AFD role's busy fraction.
 With ``--gpu`` every server runs on this host's CUDA GPU (both AFD roles share it, over
 gloo), with the V1 runner (two stages need it) and the gpu-harness's engine arguments
 (``$GPU_HARNESS_SETTINGS``, as the CUDA end-to-end tests read them), and a fourth
-deployment runs two stages with ``"stage_streams": "shared"`` (both stages on the
-worker's CUDA stream) beside the default ``"per-stage"`` one.
+deployment runs two stages with ``"stage_streams": "per-stage"`` (each stage on a CUDA
+stream of its own) beside the default (``"shared"``: both on the worker's stream).
 
 Usage (docs/performance.md has the figures and the reasons for the environment)::
 
@@ -76,8 +76,8 @@ VLLM_BENCH_OUTPUT_LEN = 32
 VLLM_BENCH_PROMPTS = 64
 
 MONOLITHIC, ONE_STAGE, TWO_STAGES = "monolithic", "AFD 1 stage", "AFD 2 stages"
-#: The two-stage deployment whose stages share the worker's CUDA stream (``--gpu`` only).
-TWO_STAGES_SHARED = "AFD 2st shared"
+#: The two-stage deployment whose stages each have a CUDA stream (``--gpu`` only).
+TWO_STAGES_PER_STAGE = "AFD 2st per-stage"
 LABELS = (MONOLITHIC, ONE_STAGE, TWO_STAGES)
 
 
@@ -196,9 +196,9 @@ def _start(
     targets = [
         Target(MONOLITHIC, monolithic.url, monolithic.spec.model_name, {"mono": monolithic.pid})
     ]
-    afd = [(ONE_STAGE, 1, None), (TWO_STAGES, 2, "per-stage")]
+    afd = [(ONE_STAGE, 1, None), (TWO_STAGES, 2, None)]
     if gpu:
-        afd.append((TWO_STAGES_SHARED, 2, "shared"))
+        afd.append((TWO_STAGES_PER_STAGE, 2, "per-stage"))
     for label, num_stages, stage_streams in afd:
         spec = DeploymentSpec(
             model=model,
@@ -375,17 +375,17 @@ def _format(
             f"{cell(TWO_STAGES, c):>17} | {two / one:>7.2f} {two / mono:>8.2f} | "
             f"{busy(ONE_STAGE, c)} {busy(TWO_STAGES, c)} | {cpu} | {host}"
         )
-    if any(label == TWO_STAGES_SHARED for label, _ in windows):
-        lines.append("two stages, both on the worker's CUDA stream (stage_streams shared):")
-        lines.append(f"{'C':>3} | {TWO_STAGES_SHARED:>17} | 2st-shared/1st | 2st/2st-shared")
+    if any(label == TWO_STAGES_PER_STAGE for label, _ in windows):
+        lines.append("two stages, each on a CUDA stream of its own (stage_streams per-stage):")
+        lines.append(f"{'C':>3} | {TWO_STAGES_PER_STAGE:>17} | per-stage/1st | per-stage/2st")
         for c in args.concurrency:
-            one, two, shared = (
+            one, two, own = (
                 median(label, c, "output_tok_s")
-                for label in (ONE_STAGE, TWO_STAGES, TWO_STAGES_SHARED)
+                for label in (ONE_STAGE, TWO_STAGES, TWO_STAGES_PER_STAGE)
             )
             lines.append(
-                f"{c:>3} | {cell(TWO_STAGES_SHARED, c):>17} | {shared / one:>14.2f} | "
-                f"{two / shared:>14.2f}"
+                f"{c:>3} | {cell(TWO_STAGES_PER_STAGE, c):>17} | {own / one:>13.2f} | "
+                f"{own / two:>13.2f}"
             )
     return "\n".join(lines)
 

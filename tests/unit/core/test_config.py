@@ -567,10 +567,10 @@ def test_num_stages_is_a_setting_both_roles_share_but_the_thresholds_are_not() -
     assert not any(key.startswith("stage_") for key in shared)
 
 
-def test_each_stage_has_its_own_cuda_stream_unless_the_stages_share_the_workers() -> None:
-    assert parse().stage_streams == "per-stage"
-    assert parse(num_stages=2, stage_streams="shared").stage_streams == "shared"
-    assert "stage_streams" not in parse(stage_streams="shared").shared_view()
+def test_the_stages_share_the_workers_cuda_stream_unless_each_has_its_own() -> None:
+    assert parse().stage_streams == "shared"
+    assert parse(num_stages=2, stage_streams="per-stage").stage_streams == "per-stage"
+    assert "stage_streams" not in parse(stage_streams="per-stage").shared_view()
 
 
 @pytest.mark.parametrize("value", ["per_stage", 2, None])

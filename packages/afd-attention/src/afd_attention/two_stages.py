@@ -14,7 +14,7 @@ inference mode, intra-op thread count, current CUDA device and current CUDA stre
 per thread, so every stage runs in inference mode with the caller's thread count and,
 on CUDA, on the caller's device.
 
-Streams on CUDA (``stage_streams``): with ``"per-stage"`` (the default) each stage queues
+Streams on CUDA (``stage_streams``): with ``"per-stage"`` each stage queues
 its kernels on a stream of its own, created once per device. Events order them against
 the worker thread's stream, at the step's two ends only: both stage streams wait for
 what the worker queued before the step (inputs, metadata, KV cache writes), and the
@@ -23,9 +23,10 @@ step, a stage's exchange (a gloo copy to the host, an NCCL post) orders against 
 stream, so stage 1's kernels run while stage 0's copy or transfer waits, and the other
 way round. Memory is safe without ``record_stream``: a block freed on one stream is
 reused on that stream only after the next step's start event, which follows everything
-the worker's stream queued. With ``"shared"`` both stages queue on the worker's stream
-in the order the turns run them (every host copy of one stage then waits for the other
-stage's queued kernels too). Torch and vLLM are imported lazily.
+the worker's stream queued. With ``"shared"`` (the default until ``"per-stage"`` has run
+on a GPU) both stages queue on the worker's stream in the order the turns run them
+(every host copy of one stage then waits for the other stage's queued kernels too).
+Torch and vLLM are imported lazily.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class TwoStageForward:
     """
 
     def __init__(
-        self, policy: StagePolicy, *, timeout_s: float, streams: StageStreams = "per-stage"
+        self, policy: StagePolicy, *, timeout_s: float, streams: StageStreams = "shared"
     ) -> None:
         self.policy = policy
         self.streams = streams

@@ -85,10 +85,10 @@ class AFDConfig:
     ``num_stages`` is the number of micro-batch stages per step (1, or 2 so that one
     stage's FFN round trip overlaps the other's attention); the attention role splits a
     step only from the ``stage_*_token_threshold`` token counts (:attr:`stage_policy`).
-    ``stage_streams`` says where a two-stage step's kernels queue on CUDA: ``"per-stage"``
-    (each stage on its own stream, ordered against the worker's stream by events at the
-    step's start and end) or ``"shared"`` (both on the worker's stream); it changes
-    nothing on CPU.
+    ``stage_streams`` says where a two-stage step's kernels queue on CUDA: ``"shared"``
+    (both on the worker's stream, the default) or ``"per-stage"`` (each stage on its own
+    stream, ordered against the worker's stream by events at the step's start and end;
+    not yet run on a GPU); it changes nothing on CPU.
     ``exchange`` is not a key: it is the connector's exchange pattern (its
     :class:`~afd_core.specs.ConnectorSpec`), which decides the topology and what each role
     builds (``"expert"``: routed experts split over the FFN ranks), and nor is
@@ -111,7 +111,7 @@ class AFDConfig:
     num_stages: int = 1
     stage_decode_token_threshold: int = DEFAULT_DECODE_TOKEN_THRESHOLD
     stage_prefill_token_threshold: int = DEFAULT_PREFILL_TOKEN_THRESHOLD
-    stage_streams: StageStreams = "per-stage"
+    stage_streams: StageStreams = "shared"
     exchange: ExchangePattern = "block"
     expert_placement: PlacementRule = "balanced"
 
