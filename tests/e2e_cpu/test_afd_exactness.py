@@ -124,7 +124,7 @@ CAM_P2P = "CAMP2pAFDConnector"
 LOAD_MODEL = "tiny-qwen3-moe"
 LOAD_DEPLOYMENTS = [
     Case(LOAD_MODEL, 1, gate_on_attention=False, ffn_first=True),
-    Case(LOAD_MODEL, 2, gate_on_attention=False, ffn_first=True),
+    extended(Case(LOAD_MODEL, 2, gate_on_attention=False, ffn_first=True)),
 ]
 DEPLOYMENTS = [
     *LOAD_DEPLOYMENTS,
@@ -134,14 +134,18 @@ DEPLOYMENTS = [
     extended(Case("tiny-deepseek-v2", 1, gate_on_attention=True, ffn_first=True)),
     # CAM P2P (afd-connectors-npu) on CPU: the a2e/e2a reference ops of afd-ascend-ops.
     Case("tiny-qwen3-moe", 1, gate_on_attention=False, ffn_first=False, connector=CAM_P2P),
-    Case("tiny-deepseek-v2", 1, gate_on_attention=False, ffn_first=True, connector=CAM_P2P),
-    Case("tiny-qwen3-moe", 2, gate_on_attention=False, ffn_first=True, connector=CAM_P2P),
-    Case("tiny-deepseek-v2", 2, gate_on_attention=False, ffn_first=False, connector=CAM_P2P),
+    extended(
+        Case("tiny-deepseek-v2", 1, gate_on_attention=False, ffn_first=True, connector=CAM_P2P)
+    ),
+    extended(Case("tiny-qwen3-moe", 2, gate_on_attention=False, ffn_first=True, connector=CAM_P2P)),
+    extended(
+        Case("tiny-deepseek-v2", 2, gate_on_attention=False, ffn_first=False, connector=CAM_P2P)
+    ),
     # Two stages per step: the prompt batch's steps split (asserted from the FFN's counters).
     # P2P 1A1F and 2A1F with each model; CAM P2P with its stages' own op groups.
-    Case("tiny-qwen3-moe", 1, gate_on_attention=False, ffn_first=True, num_stages=2),
-    Case("tiny-deepseek-v2", 1, gate_on_attention=True, ffn_first=False, num_stages=2),
-    Case("tiny-qwen3-moe", 2, gate_on_attention=True, ffn_first=True, num_stages=2),
+    extended(Case("tiny-qwen3-moe", 1, gate_on_attention=False, ffn_first=True, num_stages=2)),
+    extended(Case("tiny-deepseek-v2", 1, gate_on_attention=True, ffn_first=False, num_stages=2)),
+    extended(Case("tiny-qwen3-moe", 2, gate_on_attention=True, ffn_first=True, num_stages=2)),
     Case("tiny-deepseek-v2", 2, gate_on_attention=True, ffn_first=False, num_stages=2),
     Case(
         "tiny-deepseek-v2",

@@ -2,11 +2,14 @@
 
 Real vLLM servers over ``P2pGlooAFDConnector`` (the mismatch and stopped-peer cases over
 each connector of :data:`CONNECTORS`, the stopped-peer case also over
-``CAMAsyncAFDConnector``, which has no control plane); every wait is bounded by a short
+``CAMAsyncAFDConnector``, which has no control plane; CI runs them over
+``P2pGlooAFDConnector``, the others carry the ``extended`` mark); every wait is bounded by a short
 ``afd_process_group_timeout_s`` so that a hang would fail the test, not stall CI. Each
 test starts its own servers, since it stops or breaks them. The replacement of an idle
-attention server after SIGKILL carries the ``extended`` mark (``nox -s e2e_extended``);
-CI replaces one after SIGTERM mid-stream.
+attention server after SIGKILL, of one of two expert-routed attention servers (2A2F)
+and the attention server's SIGTERM at the rendezvous carry the ``extended`` mark
+(``nox -s e2e_extended``); CI replaces one after SIGTERM mid-stream, and one of two P2P
+attention servers.
 """
 
 from __future__ import annotations
@@ -82,7 +85,10 @@ def wait_exit(server: VllmServer, deadline_s: float) -> float:
     return server.seconds_since_start()
 
 
-@pytest.mark.parametrize("connector", CONNECTORS)
+@pytest.mark.parametrize(
+    "connector",
+    [DEFAULT_CONNECTOR, pytest.param("CAMP2pAFDConnector", marks=pytest.mark.extended)],
+)
 def test_mismatched_attention_rank_counts_fail_both_roles_at_start(
     connector: str, tiny_models: Path, vllm_cache_root: Path, tmp_path: Path
 ) -> None:
@@ -122,7 +128,14 @@ def test_mismatched_attention_rank_counts_fail_both_roles_at_start(
         attention.stop()
 
 
-@pytest.mark.parametrize("connector", [*CONNECTORS, "CAMAsyncAFDConnector"])
+@pytest.mark.parametrize(
+    "connector",
+    [
+        DEFAULT_CONNECTOR,
+        *(pytest.param(c, marks=pytest.mark.extended) for c in CONNECTORS[1:]),
+        pytest.param("CAMAsyncAFDConnector", marks=pytest.mark.extended),
+    ],
+)
 @pytest.mark.parametrize("stopped_role", ["ffn"])
 def test_stopping_one_role_ends_the_other_roles_waits_with_a_clear_error(
     stopped_role: str, connector: str, tiny_models: Path, vllm_cache_root: Path, tmp_path: Path
@@ -402,8 +415,12 @@ def test_an_attention_server_can_be_replaced_against_a_running_ffn(
 
 @pytest.mark.parametrize(
     ("connector", "num_ffn_ranks"),
-    [("P2pGlooAFDConnector", 1), ("DeepEPM2NAFDConnector", 2)],
-    ids=["p2p-2A1F", "expert-routed-2A2F"],
+    [
+        pytest.param("P2pGlooAFDConnector", 1, id="p2p-2A1F"),
+        pytest.param(
+            "DeepEPM2NAFDConnector", 2, id="expert-routed-2A2F", marks=pytest.mark.extended
+        ),
+    ],
 )
 def test_replacing_one_attention_server_of_two_leaves_the_other_serving(
     connector: str,
@@ -494,7 +511,7 @@ SIGNAL_BOUND_S = 15.0
     [
         ("ffn", "SIGTERM", "process"),
         ("attention", "SIGINT", "group"),
-        ("attention", "SIGTERM", "process"),
+        pytest.param("attention", "SIGTERM", "process", marks=pytest.mark.extended),
     ],
 )
 def test_a_server_waiting_at_the_rendezvous_ends_on_a_signal(

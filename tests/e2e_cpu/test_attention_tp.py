@@ -59,12 +59,15 @@ class Case:
         return f"{self.connector}-{self.model}-1A{self.num_ffn_ranks}F-attention-tp2"
 
 
-#: CI runs the Qwen3-MoE cases (they share one monolithic TP 2 server); the DeepSeek-V2
-#: one (MLA) carries the ``extended`` mark (``nox -s e2e_extended``).
+#: CI runs the P2P Qwen3-MoE case; the DeepSeek-V2 one (MLA) and the expert-routed one
+#: carry the ``extended`` mark (``nox -s e2e_extended``).
 CASES = [
     Case("tiny-qwen3-moe"),
     pytest.param(Case("tiny-deepseek-v2"), marks=pytest.mark.extended),
-    Case("tiny-qwen3-moe", "DeepEPM2NAFDConnector", num_ffn_ranks=2),
+    pytest.param(
+        Case("tiny-qwen3-moe", "DeepEPM2NAFDConnector", num_ffn_ranks=2),
+        marks=pytest.mark.extended,
+    ),
 ]
 
 
