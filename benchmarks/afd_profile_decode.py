@@ -53,20 +53,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="afd-profile-"))
     for batch in BATCHES:
         traces = work / f"traces-b{batch}"
-        profiler = {
-            "profiler": "torch",
-            "torch_profiler_dir": str(traces),
-            "torch_profiler_with_stack": False,
-            "torch_profiler_use_gzip": False,
-            "ignore_frontend": True,
-        }
-        spec = DeploymentSpec(
-            model=args.model, extra_args=("--profiler-config", json.dumps(profiler))
-        )
+        spec = DeploymentSpec(model=args.model, extra_args=profiler_args(traces))
         with LocalDeployment(spec, work_dir=work / f"b{batch}", progress=lambda _: None) as d:
             _profile_while_decoding(d, batch, args.seconds)
         print(f"B={batch}")
-        print(summarise(_trace(traces, "afd-attention0"), _trace(traces, "afd-ffn0")))
+        print(summarise(read_trace(traces, "afd-attention0"), read_trace(traces, "afd-ffn0")))
     return 0
 
 
@@ -97,12 +88,28 @@ def _profile_while_decoding(deployment: LocalDeployment, batch: int, seconds: fl
         load.join()
 
 
-def _trace(traces: Path, prefix: str) -> list[dict[str, Any]]:
+def profiler_args(traces: Path) -> tuple[str, ...]:
+    """vLLM's command-line arguments for a torch profiler that writes plain JSON traces
+    (no stacks, worker side only) into ``traces``."""
+    profiler = {
+        "profiler": "torch",
+        "torch_profiler_dir": str(traces),
+        "torch_profiler_with_stack": False,
+        "torch_profiler_use_gzip": False,
+        "ignore_frontend": True,
+    }
+    return ("--profiler-config", json.dumps(profiler))
+
+
+def read_trace(traces: Path, prefix: str) -> list[dict[str, Any]]:
+    """The complete ("X") events of the one trace in ``traces`` whose name starts with
+    ``prefix`` (e.g. ``afd-attention0``)."""
     (path,) = traces.glob(f"{prefix}*.pt.trace.json")
     return [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
 
 
-def _base(name: str) -> str:
+def range_base(name: str) -> str:
+    """An AFD range name without its ``.L<layer>`` suffix."""
     return name.rsplit(".L", 1)[0]
 
 
@@ -130,8 +137,8 @@ def summarise(attention: list[dict[str, Any]], ffn: list[dict[str, Any]]) -> str
     per_step: dict[str, list[float]] = defaultdict(list)
     for a, b in itertools.pairwise(begins):
         spans = [e for e in attention if a <= e["ts"] < b]
-        send = sum(e["dur"] for e in spans if _base(e["name"]) == "afd.attention.send")
-        wait = sum(e["dur"] for e in spans if _base(e["name"]) == "afd.attention.wait")
+        send = sum(e["dur"] for e in spans if range_base(e["name"]) == "afd.attention.send")
+        wait = sum(e["dur"] for e in spans if range_base(e["name"]) == "afd.attention.wait")
         per_step["send"].append(send)
         per_step["wait"].append(wait)
         per_step["rest"].append((b - a) - send - wait)
@@ -144,7 +151,7 @@ def summarise(attention: list[dict[str, Any]], ffn: list[dict[str, Any]]) -> str
     by_name: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for event in ffn:
         if event["name"].startswith("afd.ffn."):
-            by_name[_base(event["name"])].append(event)
+            by_name[range_base(event["name"])].append(event)
     steps = by_name["afd.ffn.step"]
     parts = ", ".join(
         f"{name.split('.')[-1]} {ms([e['dur'] for e in by_name[name]]):.3f}"

@@ -47,6 +47,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from afd_profile_decode import profiler_args, range_base, read_trace
+
 from afd_core.cli import main as afd_main
 from afd_core.launch import DeploymentSpec, LocalDeployment
 
@@ -88,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         completions[streams] = _profile(
             args.model, streams, args.concurrency, args.seconds, traces, work
         )
-        events = _trace(traces, "afd-attention0")
+        events = read_trace(traces, "afd-attention0")
         text, step_events = summarise(events, f"stage_streams {streams}, C={args.concurrency}")
         print(text, flush=True)
         texts.append(text)
@@ -112,13 +114,6 @@ def _profile(
     from tests.e2e_cpu.harness import complete
     from tests.e2e_gpu.gpu_settings import server_args
 
-    profiler = {
-        "profiler": "torch",
-        "torch_profiler_dir": str(traces),
-        "torch_profiler_with_stack": False,
-        "torch_profiler_use_gzip": False,
-        "ignore_frontend": True,
-    }
     spec = DeploymentSpec(
         model=model,
         max_num_seqs=concurrency,
@@ -129,7 +124,7 @@ def _profile(
         start_timeout_s=START_TIMEOUT_S,
         extra_args=server_args(),
         extra_env={"VLLM_USE_V2_MODEL_RUNNER": "0"},
-        role_args={"attention": ("--profiler-config", json.dumps(profiler))},
+        role_args={"attention": profiler_args(traces)},
     )
     with LocalDeployment(spec, work_dir=work / streams) as deployment:
         completions = complete(deployment.endpoint, PROMPTS, MEASURED_TOKENS)
@@ -187,15 +182,6 @@ def _while_decoding(deployment: LocalDeployment, concurrency: int, seconds: floa
         raise errors[0]
 
 
-def _trace(traces: Path, prefix: str) -> list[dict[str, Any]]:
-    (path,) = traces.glob(f"{prefix}*.pt.trace.json")
-    return [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
-
-
-def _base(name: str) -> str:
-    return name.rsplit(".L", 1)[0]
-
-
 def _span(event: dict[str, Any]) -> Span:
     return Span(float(event["ts"]), float(event["ts"]) + float(event["dur"]))
 
@@ -229,7 +215,7 @@ def exchanges_of(events: list[dict[str, Any]]) -> list[tuple[Any, str, Span]]:
     layer on the same thread."""
     by_thread: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for e in events:
-        if _base(e["name"]) in ("afd.attention.send", "afd.attention.wait"):
+        if range_base(e["name"]) in ("afd.attention.send", "afd.attention.wait"):
             by_thread[e["tid"]].append(e)
     found = []
     for tid, ranges in by_thread.items():
@@ -237,7 +223,7 @@ def exchanges_of(events: list[dict[str, Any]]) -> list[tuple[Any, str, Span]]:
         pending: dict[str, dict[str, Any]] = {}
         for e in ranges:
             layer = e["name"].rsplit(".", 1)[-1]
-            if _base(e["name"]) == "afd.attention.send":
+            if range_base(e["name"]) == "afd.attention.send":
                 pending[layer] = e
             elif layer in pending:
                 send = pending.pop(layer)
@@ -265,7 +251,9 @@ def summarise(events: list[dict[str, Any]], title: str) -> tuple[str, list[dict[
         hidden += covered
         total += span.length
         per_exchange.append(covered / span.length if span.length else 0.0)
-    begins = sorted(_span(e).start for e in events if _base(e["name"]) == "afd.attention.begin")
+    begins = sorted(
+        _span(e).start for e in events if range_base(e["name"]) == "afd.attention.begin"
+    )
     periods = [b - a for a, b in itertools.pairwise(begins)]
     lines = [f"== {title}"]
     if not exchanges or total == 0:
