@@ -110,7 +110,7 @@ def _connector(role: str, rank: int, port: int, ffn_ranks: int) -> Any:
         num_ffn_ranks=ffn_ranks,
         compute_gate_on_attention=True,
         connector_extra_config={"transport": "gloo"},
-        exchange="expert",
+        expert_placement="balanced",
     )
     wire = WireSpec(
         hidden_size=HIDDEN,

@@ -56,7 +56,7 @@ def connect(role: str, rank: int, port: int, a: int, f: int) -> Any:
         afd_process_group_timeout_s=60,
         compute_gate_on_attention=True,
         connector_extra_config={"transport": "nccl"},
-        exchange="expert",
+        expert_placement="balanced",
     )
     conn = DeepEPM2NAFDConnector(config, rank, wire())
     conn.initialize()

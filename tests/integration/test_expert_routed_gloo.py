@@ -51,7 +51,7 @@ def connect(
         afd_process_group_timeout_s=timeout_s,
         compute_gate_on_attention=True,
         connector_extra_config={"transport": "gloo"},
-        exchange="expert",
+        expert_placement="balanced",
         ffn_idle_limit_s=idle_limit_s,
     )
     conn = DeepEPM2NAFDConnector(config, rank, WIRE)

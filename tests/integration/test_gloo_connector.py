@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from afd_core.assembly import P2P_BLOCK, Control, Layout, Recipe, gloo_data_plane
+from afd_core.assembly import P2P_BLOCK, Control, Layout, P2pBlock, Recipe, gloo_data_plane
 from afd_core.config import AFDConfig
 from afd_core.connector import Connector, WireSpec
 from afd_core.connectors.gloo import P2pGlooAFDConnector
@@ -510,6 +510,7 @@ class GlooWithGraphSteps(Connector):
     """afd-core's P2P parts over gloo, with a recording replay guard."""
 
     name = "P2pGlooAFDConnector"
+    pattern_type = P2pBlock
 
     def recipe(self) -> Recipe:
         guard = RecordingReplayGuard()

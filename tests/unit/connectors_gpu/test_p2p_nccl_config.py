@@ -63,4 +63,5 @@ def test_building_and_closing_an_unused_connector_imports_no_torch() -> None:
 
 def test_two_stages_per_step_are_carried_over_nccl() -> None:
     # The pairing of the two stages' posts: tests/unit/roles/test_two_stages_ordered_pairs.py.
-    assert build({}).two_stage_problem() is None
+    assert P2pNcclAFDConnector.capabilities.two_stages
+    assert P2pNcclAFDConnector.capabilities.cuda_graphs

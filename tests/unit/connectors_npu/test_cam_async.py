@@ -47,7 +47,10 @@ def raw(**changes: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("changes", "says"),
     [
-        ({"async_dp": None}, 'requires async_dp true, got false; set "async_dp": true'),
+        (
+            {"async_dp": None},
+            "requires async_dp true (its pattern CAM async announces no steps), got false",
+        ),
         ({"compute_gate_on_attention": False}, '"compute_gate_on_attention": true'),
         ({"connector_extra_config": {"depth": 1}}, "unknown fields ['depth']"),
         ({"num_stages": 2}, "num_stages is 2, but CAMAsyncAFDConnector's connector_extra_config"),
@@ -66,7 +69,8 @@ def test_the_config_refuses_what_cam_async_cannot_run(changes: dict, says: str) 
 def test_async_moe_ubatching_decides_the_stages_per_step(ubatching: bool, stages: int) -> None:
     config = parse_afd_config(raw(connector_extra_config={"async_moe_ubatching": ubatching}))
     assert config.num_stages == stages
-    assert config.exchange == "expert" and config.expert_placement == "ceil"
+    assert config.splits_experts and config.expert_placement == "ceil"
+    assert config.topology.exchange == "expert"
 
 
 def test_its_recipe_has_no_control_plane_and_two_op_groups() -> None:

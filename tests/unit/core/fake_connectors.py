@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
+from afd_core.assembly import Control, ExpertRouted, P2pBlock, Pattern
 from afd_core.coercion import to_int
 from afd_core.connector import Connector
 from afd_core.errors import AFDConfigError
@@ -28,6 +29,7 @@ class FakeConnector(Connector):
     """Accepts ``connector_extra_config = {"depth": int}``."""
 
     name = "FakeP2P"
+    pattern_type = P2pBlock
 
     @classmethod
     def parse_extra_config(cls, raw: Mapping[str, Any]) -> FakeExtra:
@@ -44,12 +46,14 @@ class PlainConnector(Connector):
     """Keeps the base class's ``parse_extra_config`` (accepts only ``{}``)."""
 
     name = "FakePlain"
+    pattern_type = P2pBlock
 
 
 class SloppyConnector(Connector):
     """A third-party style parser that raises a plain multi-line ValueError."""
 
     name = "FakeSloppy"
+    pattern_type = P2pBlock
 
     @classmethod
     def parse_extra_config(cls, raw: Mapping[str, Any]) -> None:
@@ -61,30 +65,57 @@ class NotAConnector:
     """Registered by mistake: not a Connector subclass."""
 
 
+class NoPatternConnector(Connector):
+    """A plugin bug: a connector class that names no pattern_type."""
+
+    name = "FakeNoPattern"
+
+
+class _InBand(Pattern):
+    """A pattern without announced steps (only its class facts are read)."""
+
+    name: ClassVar[str] = "in-band"
+    controls = (Control.IN_BAND,)
+
+
+class _GateOnFFN(Pattern):
+    """A block pattern whose messages carry no routing."""
+
+    name: ClassVar[str] = "hidden states only"
+    gate_on_attention = False
+    gate_reason = "moves hidden states only"
+
+
+class AsyncConnector(FakeConnector):
+    """FakeConnector's extra config on a pattern without announced steps."""
+
+    name = "FakeAsync"
+    pattern_type = _InBand
+
+
+class ExpertConnector(PlainConnector):
+    """The expert-routed pattern."""
+
+    name = "FakeExpert"
+    pattern_type = ExpertRouted
+
+
+class GateOnFFNConnector(PlainConnector):
+    """A pattern that needs the gate on the FFN role."""
+
+    name = "FakeGateOnFFN"
+    pattern_type = _GateOnFFN
+
+
 CONNECTORS: Mapping[str, ConnectorSpec] = {
     "FakeP2P": ConnectorSpec("FakeP2P", f"{_MODULE}:FakeConnector", ("cpu",)),
-    "FakeAsync": ConnectorSpec(
-        "FakeAsync", f"{_MODULE}:FakeConnector", ("npu",), requires_async_dp=True
-    ),
+    "FakeAsync": ConnectorSpec("FakeAsync", f"{_MODULE}:AsyncConnector", ("npu",)),
     "FakePlain": ConnectorSpec("FakePlain", f"{_MODULE}:PlainConnector", ("cpu",)),
-    "FakeExpert": ConnectorSpec(
-        "FakeExpert",
-        f"{_MODULE}:PlainConnector",
-        ("cpu",),
-        exchange="expert",
-        gate_on_attention=True,
-        gate_reason="routes every token to the FFN ranks that hold its experts, so the "
-        "router runs on the attention role",
-    ),
-    "FakeGateOnFFN": ConnectorSpec(
-        "FakeGateOnFFN",
-        f"{_MODULE}:PlainConnector",
-        ("cpu",),
-        gate_on_attention=False,
-        gate_reason="moves hidden states only",
-    ),
+    "FakeExpert": ConnectorSpec("FakeExpert", f"{_MODULE}:ExpertConnector", ("cpu",)),
+    "FakeGateOnFFN": ConnectorSpec("FakeGateOnFFN", f"{_MODULE}:GateOnFFNConnector", ("cpu",)),
     "FakeSloppy": ConnectorSpec("FakeSloppy", f"{_MODULE}:SloppyConnector", ("cpu",)),
     "FakeNotAConnector": ConnectorSpec("FakeNotAConnector", f"{_MODULE}:NotAConnector", ("cpu",)),
+    "FakeNoPattern": ConnectorSpec("FakeNoPattern", f"{_MODULE}:NoPatternConnector", ("cpu",)),
     "FakeUninstalled": ConnectorSpec(
         "FakeUninstalled", "afd_not_installed_anywhere.connector:Gone", ("cpu",)
     ),

@@ -291,7 +291,7 @@ class LoopbackConnector(Connector):
 
     def recipe(self) -> Recipe:
         """The world is opened by :meth:`connect`; the recipe names the pattern."""
-        pattern = EXPERT_ROUTED if self.config.exchange == "expert" else P2P_BLOCK
+        pattern = EXPERT_ROUTED if self.config.splits_experts else P2P_BLOCK
         guard = None if self.replays is None else self._guard
         unused_plane = TransportPlane(lambda site: site.control)  # the fabric's, see connect
         return Recipe(Layout.WORLD, Control.ANNOUNCED, unused_plane, pattern, guard)
@@ -341,7 +341,7 @@ def loopback_connectors(
             num_ffn_ranks=f,
             afd_process_group_timeout_s=timeout_s,
             compute_gate_on_attention=gate or exchange == "expert",
-            exchange=exchange,  # type: ignore[arg-type]
+            expert_placement="balanced" if exchange == "expert" else None,
         )
         conn = LoopbackConnector(
             fabric, cfg, rank, wire, graph_steps=graph_steps, data_plane=data_plane

@@ -244,7 +244,7 @@ def test_an_expert_routed_config_prints_which_ffn_rank_holds_which_experts(
     status = main(["check", json.dumps(EXPERT), "--model", str(tmp_path)])
     out = capsys.readouterr().out
     assert status == 0
-    assert '  exchange: "expert"' in out
+    assert '  expert_placement: "balanced"' in out
     assert out.splitlines()[-4:] == [
         "routed experts: 8 over 3 FFN rank(s) (balanced blocks)",
         "  FFN 0 holds experts 0..2 (3 experts)",

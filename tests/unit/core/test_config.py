@@ -83,8 +83,8 @@ def test_full_config_is_parsed_into_every_field() -> None:
 
 
 def test_keys_constant_matches_the_dataclass_fields() -> None:
-    # ``exchange`` and ``expert_placement`` come from the connector's spec, not from a key.
-    assert set(KEYS) == set(AFDConfig.__dataclass_fields__) - {"exchange", "expert_placement"}
+    # ``expert_placement`` comes from the connector's pattern, not from a key.
+    assert set(KEYS) == set(AFDConfig.__dataclass_fields__) - {"expert_placement"}
 
 
 @pytest.mark.parametrize("raw", [["role", "ffn"], "role=ffn", None, 3])
@@ -336,6 +336,18 @@ def test_connector_spec_that_is_not_a_connector_class_is_an_install_error() -> N
         parse(connector="FakeNotAConnector")
 
 
+def test_a_connector_class_without_a_pattern_type_is_a_plugin_error() -> None:
+    with pytest.raises(AFDInstallError, match=r"sets no pattern_type.*fix the plugin"):
+        parse(connector="FakeNoPattern")
+
+
+def test_the_pattern_decides_the_rank_map_and_the_expert_split() -> None:
+    block = parse(connector="FakeP2P")
+    assert block.expert_placement is None and block.topology.exchange == "block"
+    routed = parse(connector="FakeExpert", compute_gate_on_attention=True)
+    assert routed.expert_placement == "balanced" and routed.topology.exchange == "expert"
+
+
 def test_connector_whose_package_is_missing_is_an_install_error() -> None:
     with pytest.raises(AFDInstallError, match="afd_not_installed_anywhere"):
         parse(connector="FakeUninstalled")
@@ -508,7 +520,7 @@ def test_an_expert_routed_connector_takes_more_ffn_ranks_than_attention_ranks() 
         num_ffn_ranks=3,
         role_rank=0,
     )
-    assert config.exchange == "expert"
+    assert config.splits_experts and config.expert_placement == "balanced"
     assert tuple(config.topology.block_of(2)) == (0,)
 
 

@@ -143,3 +143,23 @@ def test_a_connector_closed_while_connecting_takes_its_parts_down():
     with pytest.raises(AFDShutdown, match="closed during initialize"):
         conn.initialize()
     assert conn.calls == ["connect", "shutdown"]
+
+
+class MislabelledConnector(P2pGlooAFDConnector):
+    """A plugin bug: its recipe names the expert-routed pattern, its class the block one."""
+
+    def recipe(self):
+        from dataclasses import replace
+
+        from afd_core.assembly import EXPERT_ROUTED
+
+        return replace(super().recipe(), pattern=EXPERT_ROUTED)
+
+
+def test_a_recipe_whose_pattern_is_not_the_pattern_type_is_refused_before_any_rendezvous():
+    conn = MislabelledConnector(config(), 0, WIRE)
+    with pytest.raises(
+        AFDConfigError, match=r"ExpertRouted pattern, but its pattern_type is P2pBlock"
+    ):
+        conn.initialize()
+    assert not conn.is_initialized

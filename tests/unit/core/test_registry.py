@@ -234,8 +234,9 @@ def test_builtin_hooks_register_the_gloo_connector_on_every_platform() -> None:
     spec = registry.connector("P2pGlooAFDConnector")
     assert spec.target == "afd_core.connectors.gloo:P2pGlooAFDConnector"
     assert spec.platforms == ("cpu", "cuda", "npu")
-    assert not spec.supports_cuda_graphs
-    assert not spec.requires_async_dp
+    cls = spec.load()
+    assert not cls.capabilities.cuda_graphs and cls.capabilities.two_stages
+    assert not cls.pattern_type.in_band() and cls.pattern_type.expert_placement is None
 
 
 # Loading entry points ---------------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from afd_core import hookimpl, vllm_plugin
+from afd_core.assembly import P2pBlock
 from afd_core.config import AFDConfig
 from afd_core.connector import Connector
 from afd_core.errors import AFDConfigError, AFDInstallError
@@ -57,6 +58,7 @@ class FakeConnector(Connector):
     """Only its (default, empty) extra-config parser is used."""
 
     name = "FakeConnector"
+    pattern_type = P2pBlock
 
 
 WORKERS = {

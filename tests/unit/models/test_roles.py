@@ -132,7 +132,10 @@ def test_wire_spec_describes_the_checkpoint_and_the_gate_placement(
 
 def test_an_expert_routed_wire_spec_exchanges_the_moe_layers_only() -> None:
     afd = AFDConfig(
-        role="attention", connector=CONNECTOR, compute_gate_on_attention=True, exchange="expert"
+        role="attention",
+        connector=CONNECTOR,
+        compute_gate_on_attention=True,
+        expert_placement="balanced",
     )
     wire = make_wire_spec(
         vllm_config(),

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from afd_core.assembly import P2pBlock
 from afd_core.config import AFDConfig
 from afd_core.connector import (
     AttentionEndpoint,
@@ -165,6 +166,7 @@ class RecordingConnector(Connector):
     """
 
     name = "Recording"
+    pattern_type = P2pBlock
 
     def __init__(self, config: AFDConfig, role_rank: int, wire: WireSpec = WIRE) -> None:
         super().__init__(config, role_rank, wire)

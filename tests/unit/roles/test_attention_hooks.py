@@ -1,6 +1,6 @@
 """afd-attention's start-up checks (its ``afd_validate`` hook) against a fake vLLM config:
-what it reads on each platform (the stage and graph rules themselves are in
-test_attention_stages_guard.py and test_attention_cuda_graph_guard.py)."""
+what it reads on each platform (the stage and graph rules themselves are
+``afd_core.capabilities``'s, tests/unit/core/test_capabilities.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,19 @@ import pytest
 
 from afd_attention import hooks
 from afd_core.errors import AFDConfigError
+from afd_core.specs import ConnectorSpec
 from tests.unit.roles.fakes import make_config
 
 TWO_STAGES = replace(make_config("attention"), num_stages=2)
+RECORDING = ConnectorSpec("Recording", "tests.unit.roles.fakes:RecordingConnector", ("cpu", "cuda"))
+
+
+@pytest.fixture(autouse=True)
+def registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The registry holds the recording connector only."""
+    monkeypatch.setattr(
+        hooks, "get_registry", lambda: SimpleNamespace(connector=lambda n: RECORDING)
+    )
 
 
 class NoRunnerProperty:
@@ -47,7 +57,6 @@ def test_off_cuda_two_stages_pass_without_reading_the_runner_or_graph_mode(monke
 
 def test_on_cuda_two_stages_need_the_v1_runner_and_eager_forwards(monkeypatch):
     monkeypatch.setattr(hooks, "current_platform_name", lambda: "cuda")
-    monkeypatch.setattr(hooks, "get_registry", lambda: SimpleNamespace(connector=lambda n: None))
     hooks.afd_validate(config=TWO_STAGES, vllm_config=CudaConfig("NONE", use_v2=False))
     with pytest.raises(AFDConfigError, match="VLLM_USE_V2_MODEL_RUNNER=0"):
         hooks.afd_validate(config=TWO_STAGES, vllm_config=CudaConfig("NONE", use_v2=True))

@@ -20,6 +20,7 @@ from afd_core.assembly import (
     P2P_BLOCK,
     Control,
     Layout,
+    P2pBlock,
     Recipe,
     TransportPlane,
     TransportSite,
@@ -47,6 +48,7 @@ class DelayedGlooP2pConnector(Connector):
     """Links, announced steps, a gloo data plane that holds every message, P2P block."""
 
     name = "DelayedGlooP2pConnector"
+    pattern_type = P2pBlock
 
     @classmethod
     def parse_extra_config(cls, raw: Mapping[str, Any]) -> DelayExtra:

@@ -11,4 +11,4 @@ environment; importing this package imports none.
 * :mod:`afd_ascend_ops.header`: the header of every reference message (pure).
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -1,3 +1,3 @@
 """Attention-role workers and model runners for Attention-FFN Disaggregation (AFD) in vLLM."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -17,8 +17,8 @@ else gloo; set it explicitly when the roles run on different kinds of hosts).
 Not built yet, and this is its seam: a DeepEP (NVSHMEM, fixed-capacity low-latency
 buffers) dispatch/combine backend, which would replace the point-to-point endpoints with
 an endpoint pair of the same contract; the name follows the project plan. The exchange
-is eager: CUDA graphs are refused at start-up (the connector is registered without
-``supports_cuda_graphs``), since variable routed counts need host synchronisation per
+is eager: CUDA graphs are refused at start-up (its capabilities have no
+``cuda_graphs``), since variable routed counts need host synchronisation per
 layer on NCCL today. Importing this module imports no torch.
 """
 
@@ -32,6 +32,7 @@ from afd_connectors_gpu.nccl_transport import NcclTransport
 from afd_core.assembly import (
     EXPERT_ROUTED,
     Control,
+    ExpertRouted,
     Layout,
     Recipe,
     TransportPlane,
@@ -80,6 +81,7 @@ class DeepEPM2NAFDConnector(Connector):
     """AFD connector: expert-routed M:N over gloo or NCCL (see the module docstring)."""
 
     name = "DeepEPM2NAFDConnector"
+    pattern_type = ExpertRouted
 
     def __init__(self, config: AFDConfig, role_rank: int, wire: WireSpec) -> None:
         super().__init__(config, role_rank, wire)

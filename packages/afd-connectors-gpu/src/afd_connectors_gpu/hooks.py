@@ -19,20 +19,12 @@ def afd_connectors() -> list[ConnectorSpec]:
             name="P2pNcclAFDConnector",
             target="afd_connectors_gpu.p2p_nccl:P2pNcclAFDConnector",
             platforms=("cuda",),
-            supports_cuda_graphs=True,
             description="Point-to-point connector: gloo control plane, NCCL data plane",
         ),
         ConnectorSpec(
             name="DeepEPM2NAFDConnector",
             target="afd_connectors_gpu.deepep_m2n:DeepEPM2NAFDConnector",
             platforms=("cpu", "cuda"),
-            supports_cuda_graphs=False,
-            exchange="expert",
-            gate_on_attention=True,
-            gate_reason=(
-                "routes every token to the FFN ranks that hold its experts, so the router "
-                "runs on the attention role"
-            ),
             description="Expert-routed M:N: routed experts split over the FFN ranks",
         ),
     ]

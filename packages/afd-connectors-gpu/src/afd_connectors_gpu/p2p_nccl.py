@@ -27,11 +27,13 @@ from afd_core.assembly import (
     P2P_BLOCK,
     Control,
     Layout,
+    P2pBlock,
     Recipe,
     ReplayGuardSite,
     TransportPlane,
     TransportSite,
 )
+from afd_core.capabilities import Capabilities
 from afd_core.coercion import reject_unknown_fields, to_bool
 from afd_core.connector import Connector
 from afd_core.transport import Transport
@@ -70,6 +72,8 @@ class P2pNcclAFDConnector(Connector):
     """
 
     name = "P2pNcclAFDConnector"
+    pattern_type = P2pBlock
+    capabilities = Capabilities(cuda_graphs=True)
 
     @classmethod
     def parse_extra_config(cls, raw: Mapping[str, Any]) -> NcclExtraConfig:

@@ -59,6 +59,12 @@ class CamAsync(Pattern):
     """The CAM async pattern (see the module docstring)."""
 
     name: ClassVar[str] = "CAM async"
+    expert_placement = "ceil"
+    gate_on_attention = True
+    gate_reason = (
+        "dispatches each token to the FFN ranks of its routed experts, so the gate and "
+        "router run on the attention role"
+    )
     data_plane = OpPlane
     controls = (Control.IN_BAND,)
 
@@ -96,7 +102,9 @@ class CamAsync(Pattern):
 def placement(spec: RuntimeSpec) -> ExpertPlacement:
     """The CAM rule's expert blocks of ``spec``'s deployment (AFDConfigError when its last
     FFN rank would hold no expert)."""
-    return ExpertPlacement(spec.wire.num_experts, spec.topology.num_ffn_ranks, "ceil")
+    return ExpertPlacement(
+        spec.wire.num_experts, spec.topology.num_ffn_ranks, CamAsync.expert_placement
+    )
 
 
 def ops_of(spec: RuntimeSpec) -> CamAsyncOps:

@@ -52,6 +52,10 @@ class CamP2p(Pattern):
     ``aiv_num``."""
 
     name: ClassVar[str] = "CAM P2P"
+    gate_on_attention = False
+    gate_reason = (
+        "moves hidden states only (its ops carry no routing), so the gate runs on the FFN role"
+    )
     data_plane = OpPlane
 
     def __init__(self, cores: dict[str, int]) -> None:

@@ -47,6 +47,7 @@ class CAMP2pAFDConnector(Connector):
     """AFD connector: one world, announced steps, ``a2e``/``e2a`` op plane, CAM P2P."""
 
     name = "CAMP2pAFDConnector"
+    pattern_type = CamP2p
 
     @classmethod
     def parse_extra_config(cls, raw: Mapping[str, Any]) -> CamExtraConfig:
@@ -65,6 +66,7 @@ class CAMAsyncAFDConnector(Connector):
     """AFD connector: one world, in-band counts, the CAM async op plane, expert-routed."""
 
     name = "CAMAsyncAFDConnector"
+    pattern_type = CamAsync
     sized_by_max_num_batched_tokens = True
 
     @classmethod

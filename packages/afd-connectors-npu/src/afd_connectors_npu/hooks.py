@@ -25,21 +25,12 @@ def afd_connectors() -> list[ConnectorSpec]:
             name="CAMP2pAFDConnector",
             target="afd_connectors_npu.connector:CAMP2pAFDConnector",
             platforms=("npu", "cpu"),
-            gate_on_attention=False,
-            gate_reason="moves hidden states only (its ops carry no routing), so the gate runs "
-            "on the FFN role",
             description="P2P block exchange; a2e/e2a ops move the data (gate on FFN)",
         ),
         ConnectorSpec(
             name="CAMAsyncAFDConnector",
             target="afd_connectors_npu.connector:CAMAsyncAFDConnector",
             platforms=("npu", "cpu"),
-            requires_async_dp=True,
-            exchange="expert",
-            expert_placement="ceil",
-            gate_on_attention=True,
-            gate_reason="dispatches each token to the FFN ranks of its routed experts, so "
-            "the gate and router run on the attention role",
             description="expert-routed dispatch/combine, no control plane; CAM async ops "
             "move the data (gate on attention, async DP)",
         ),

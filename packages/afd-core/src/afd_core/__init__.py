@@ -24,7 +24,7 @@ connector, process exit, profiling ranges), :mod:`afd_core.connectors` (the refe
 deployments).
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 from afd_core.hookspecs import hookimpl
 

@@ -48,8 +48,9 @@ if TYPE_CHECKING:
     from afd_core.failures import Fuse, PeerFailures
     from afd_core.metadata import ControlPayload
     from afd_core.op_provider import GroupOpener, OpProvider
+    from afd_core.placement import PlacementRule
     from afd_core.replay_guard import ReplayGuard
-    from afd_core.topology import Role, Topology
+    from afd_core.topology import ExchangePattern, Role, Topology
     from afd_core.transport import Transport
 
 
@@ -238,20 +239,46 @@ class FFNSide:
 
 
 class Pattern(ABC):
-    """An exchange pattern: its pairing rules and its role endpoints.
+    """An exchange pattern: its pairing rules, the facts that follow from them, and its
+    role endpoints.
 
-    ``data_plane``: the kind of data plane its endpoints use (:class:`TransportPlane`
-    or :class:`OpPlane`). ``controls``: the control slots its endpoints work with
-    (afd-core's patterns need announced steps). ``relays_steps``: the attention ranks
-    announce every step to FFN rank 0, which relays it to the other FFN ranks (every FFN
-    rank then runs every step); otherwise each attention rank announces to the FFN ranks
-    it exchanges with.
+    The class-level facts are read before any connector exists (config validation and
+    ``afd check`` read them from the connector's :attr:`Connector.pattern_type
+    <afd_core.connector.Connector.pattern_type>`), so they are class variables:
+
+    * ``expert_placement``: None when every FFN rank holds every expert (the ``"block"``
+      rank map of :mod:`afd_core.topology`: each FFN rank serves a block of attention
+      ranks), else the rule that splits the routed experts over the FFN ranks
+      (:mod:`afd_core.placement`; the ``"expert"`` rank map);
+    * ``gate_on_attention``: None when the pattern takes either gate placement, else the
+      ``compute_gate_on_attention`` its messages need, ``gate_reason`` saying why;
+    * ``controls``: the control slots its endpoints work with (afd-core's patterns need
+      announced steps; a pattern of :attr:`Control.IN_BAND` only serves attention ranks
+      that step on their own, so its deployments set ``async_dp``);
+    * ``data_plane``: the kind of data plane its endpoints use (:class:`TransportPlane`
+      or :class:`OpPlane`);
+    * ``relays_steps``: the attention ranks announce every step to FFN rank 0, which
+      relays it to the other FFN ranks (every FFN rank then runs every step); otherwise
+      each attention rank announces to the FFN ranks it exchanges with.
     """
 
     name: ClassVar[str] = ""
+    expert_placement: ClassVar[PlacementRule | None] = None
+    gate_on_attention: ClassVar[bool | None] = None
+    gate_reason: ClassVar[str] = ""
     data_plane: ClassVar[type[TransportPlane] | type[OpPlane]] = TransportPlane
     controls: ClassVar[tuple[Control, ...]] = (Control.ANNOUNCED,)
     relays_steps: ClassVar[bool] = False
+
+    @classmethod
+    def exchange(cls) -> ExchangePattern:
+        """The rank map this pattern's pairing needs (:mod:`afd_core.topology`)."""
+        return "block" if cls.expert_placement is None else "expert"
+
+    @classmethod
+    def in_band(cls) -> bool:
+        """True when the pattern works without announced steps only (async DP)."""
+        return cls.controls == (Control.IN_BAND,)
 
     def check(self, spec: RuntimeSpec) -> None:
         """Raise AFDConfigError when ``spec`` cannot run this pattern (default: nothing)."""
@@ -331,16 +358,17 @@ def gloo_data_plane() -> TransportPlane:
     return TransportPlane(shared_data_transport)
 
 
-def __getattr__(name: str) -> Pattern:
-    """afd-core's patterns, built on first use: ``P2P_BLOCK`` (each FFN rank serves a
-    contiguous block of attention ranks) and ``EXPERT_ROUTED`` (routed experts in blocks
-    over the FFN ranks; every attention rank exchanges with every FFN rank)."""
-    if name == "P2P_BLOCK":
-        from afd_core.runtime.p2p import P2P_BLOCK
+def __getattr__(name: str) -> Pattern | type[Pattern]:
+    """afd-core's patterns and their classes, imported on first use: ``P2P_BLOCK``
+    (:class:`P2pBlock`: each FFN rank serves a contiguous block of attention ranks) and
+    ``EXPERT_ROUTED`` (:class:`ExpertRouted`: routed experts in blocks over the FFN
+    ranks; every attention rank exchanges with every FFN rank)."""
+    if name in ("P2P_BLOCK", "P2pBlock"):
+        from afd_core.runtime import p2p
 
-        return P2P_BLOCK
-    if name == "EXPERT_ROUTED":
-        from afd_core.runtime.expert import EXPERT_ROUTED
+        return getattr(p2p, name)  # type: ignore[no-any-return]
+    if name in ("EXPERT_ROUTED", "ExpertRouted"):
+        from afd_core.runtime import expert
 
-        return EXPERT_ROUTED
+        return getattr(expert, name)  # type: ignore[no-any-return]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

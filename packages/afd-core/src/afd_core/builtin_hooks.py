@@ -18,7 +18,6 @@ def afd_connectors() -> list[ConnectorSpec]:
             name="P2pGlooAFDConnector",
             target="afd_core.connectors.gloo:P2pGlooAFDConnector",
             platforms=("cpu", "cuda", "npu"),
-            supports_cuda_graphs=False,
             description="Reference point-to-point connector over torch.distributed gloo",
         )
     ]

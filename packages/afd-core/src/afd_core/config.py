@@ -16,6 +16,7 @@ from dataclasses import MISSING, dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, cast
 
+from afd_core.capabilities import check_connector
 from afd_core.coercion import (
     show,
     to_bool,
@@ -89,10 +90,11 @@ class AFDConfig:
     (both on the worker's stream, the default) or ``"per-stage"`` (each stage on its own
     stream, ordered against the worker's stream by events at the step's start and end;
     not yet run on a GPU); it changes nothing on CPU.
-    ``exchange`` is not a key: it is the connector's exchange pattern (its
-    :class:`~afd_core.specs.ConnectorSpec`), which decides the topology and what each role
-    builds (``"expert"``: routed experts split over the FFN ranks), and nor is
-    ``expert_placement``, the rule that splits them (:mod:`afd_core.placement`).
+    ``expert_placement`` is not a key: it is the connector's pattern's
+    (:attr:`Connector.pattern_type <afd_core.connector.Connector.pattern_type>`), None
+    when every FFN rank holds every expert, else the rule that splits the routed experts
+    over the FFN ranks (:mod:`afd_core.placement`); it decides the rank map
+    (:attr:`topology`) and what each role builds (:attr:`splits_experts`).
     """
 
     role: Role
@@ -112,13 +114,20 @@ class AFDConfig:
     stage_decode_token_threshold: int = DEFAULT_DECODE_TOKEN_THRESHOLD
     stage_prefill_token_threshold: int = DEFAULT_PREFILL_TOKEN_THRESHOLD
     stage_streams: StageStreams = "shared"
-    exchange: ExchangePattern = "block"
-    expert_placement: PlacementRule = "balanced"
+    expert_placement: PlacementRule | None = None
+
+    @property
+    def splits_experts(self) -> bool:
+        """True when the routed experts are split over the FFN ranks (each attention rank
+        then sends every token to the FFN ranks of its experts), False when every FFN
+        rank holds every expert."""
+        return self.expert_placement is not None
 
     @property
     def topology(self) -> Topology:
         """The rank map of this deployment."""
-        return Topology(self.num_attention_ranks, self.num_ffn_ranks, self.exchange)
+        exchange: ExchangePattern = "expert" if self.splits_experts else "block"
+        return Topology(self.num_attention_ranks, self.num_ffn_ranks, exchange)
 
     @property
     def stage_policy(self) -> StagePolicy:
@@ -189,11 +198,11 @@ def parse_afd_config(
 
         connectors = get_registry().connectors
     spec = _parse_connector(values, connectors)
-    async_dp = _parse_async_dp(values, spec, connectors)
+    cls = connector_class(spec)
     host = to_str("host", _value(values, "host"), _HOST_ADVICE)
     port = _parse_int(values, "port")
     timeout_s = _parse_int(values, "afd_process_group_timeout_s")
-    topology = _parse_topology(values, spec)
+    topology = _parse_topology(values, spec, cls)
     # Arguments are evaluated in order: the connector's own parser (extra config) runs last.
     config = AFDConfig(
         role=role,
@@ -202,9 +211,11 @@ def parse_afd_config(
         port=port,
         num_attention_ranks=topology.num_attention_ranks,
         num_ffn_ranks=topology.num_ffn_ranks,
-        async_dp=async_dp,
+        async_dp=to_bool("async_dp", _value(values, "async_dp")),
         afd_process_group_timeout_s=timeout_s,
-        compute_gate_on_attention=_parse_compute_gate(values, spec),
+        compute_gate_on_attention=to_bool(
+            "compute_gate_on_attention", _value(values, "compute_gate_on_attention")
+        ),
         role_rank=_parse_role_rank(values, role, topology),
         ffn_cuda_graphs=_parse_int(values, "ffn_cuda_graphs"),
         ffn_idle_limit_s=_parse_int(values, "ffn_idle_limit_s"),
@@ -212,11 +223,37 @@ def parse_afd_config(
         stage_decode_token_threshold=_parse_int(values, "stage_decode_token_threshold"),
         stage_prefill_token_threshold=_parse_int(values, "stage_prefill_token_threshold"),
         stage_streams=_parse_stage_streams(values),
-        connector_extra_config=MappingProxyType(_parse_extra_config(values, spec)),
-        exchange=spec.exchange,
-        expert_placement=spec.expert_placement,
+        connector_extra_config=MappingProxyType(_parse_extra_config(values, spec, cls)),
+        expert_placement=cls.pattern_type.expert_placement,
     )
-    return _with_fixed_stages(config, values, spec)
+    config = _with_fixed_stages(config, values, cls)
+    check_connector(config, cls, registered=connectors)
+    return config
+
+
+def connector_class(spec: ConnectorSpec) -> type[Connector]:
+    """Import ``spec``'s connector class.
+
+    Raises AFDInstallError when it cannot be imported, or when it is not a
+    :class:`~afd_core.connector.Connector` subclass naming a
+    :class:`~afd_core.assembly.Pattern` subclass as its ``pattern_type`` (a plugin bug).
+    """
+    from afd_core.assembly import Pattern
+
+    cls = spec.load()
+    if not (isinstance(cls, type) and issubclass(cls, Connector)):
+        raise AFDInstallError(
+            f"AFD: connector {spec.name!r} loads {spec.target!r}, which is not a subclass "
+            "of afd_core.connector.Connector; fix the plugin that registers it"
+        )
+    pattern = getattr(cls, "pattern_type", None)
+    if not (isinstance(pattern, type) and issubclass(pattern, Pattern)):
+        raise AFDInstallError(
+            f"AFD: connector class {spec.target!r} sets no pattern_type (the "
+            "afd_core.assembly.Pattern subclass its recipe names); fix the plugin that "
+            "registers it"
+        )
+    return cls
 
 
 _FIELDS = {f.name: f for f in fields(AFDConfig)}
@@ -349,33 +386,17 @@ def _parse_connector(
     return connectors[name]
 
 
-def _parse_async_dp(
-    values: Mapping[str, Any], spec: ConnectorSpec, connectors: Mapping[str, ConnectorSpec]
-) -> bool:
-    async_dp = to_bool("async_dp", _value(values, "async_dp"))
-    if async_dp and not spec.requires_async_dp:
-        async_names = sorted(name for name, s in connectors.items() if s.requires_async_dp)
-        choices = ", ".join(async_names) or "none registered"
-        raise AFDConfigError(
-            f"AFD config: async_dp (true) is only valid with an async-DP connector "
-            f"({choices}), not {spec.name!r}; remove async_dp or choose such a connector"
-        )
-    if spec.requires_async_dp and not async_dp:
-        raise AFDConfigError(
-            f"AFD config: connector {spec.name!r} requires async_dp true, got false; "
-            'set "async_dp": true'
-        )
-    return async_dp
-
-
-def _parse_topology(values: Mapping[str, Any], spec: ConnectorSpec) -> Topology:
+def _parse_topology(
+    values: Mapping[str, Any], spec: ConnectorSpec, cls: type[Connector]
+) -> Topology:
     num_attention_ranks = _parse_int(values, "num_attention_ranks")
     num_ffn_ranks = _parse_int(values, "num_ffn_ranks")
+    exchange = cls.pattern_type.exchange()
     try:
-        return Topology(num_attention_ranks, num_ffn_ranks, spec.exchange)
+        return Topology(num_attention_ranks, num_ffn_ranks, exchange)
     except AFDConfigError as exc:
         reason = str(exc).removeprefix("AFD topology: ")
-        if spec.exchange == "block":
+        if exchange == "block":
             reason = reason.replace(
                 "use fewer FFN ranks", f"use fewer FFN ranks ({spec.name} pairs ranks in blocks)"
             )
@@ -391,19 +412,6 @@ def _parse_stage_streams(values: Mapping[str, Any]) -> StageStreams:
             '"per-stage" (each stage of a two-stage step on its own CUDA stream) or "shared"'
         )
     return value
-
-
-def _parse_compute_gate(values: Mapping[str, Any], spec: ConnectorSpec) -> bool:
-    compute_gate = to_bool("compute_gate_on_attention", _value(values, "compute_gate_on_attention"))
-    required = spec.gate_on_attention
-    if required is not None and compute_gate != required:
-        want, got = str(required).lower(), str(compute_gate).lower()
-        raise AFDConfigError(
-            f"AFD config: connector {spec.name!r} {spec.gate_reason}: it requires "
-            f"compute_gate_on_attention {want}, got {got}; set "
-            f'"compute_gate_on_attention": {want}'
-        )
-    return compute_gate
 
 
 def _parse_role_rank(values: Mapping[str, Any], role: Role, topology: Topology) -> int | None:
@@ -423,35 +431,30 @@ def _parse_role_rank(values: Mapping[str, Any], role: Role, topology: Topology) 
 
 
 def _with_fixed_stages(
-    config: AFDConfig, values: Mapping[str, Any], spec: ConnectorSpec
+    config: AFDConfig, values: Mapping[str, Any], cls: type[Connector]
 ) -> AFDConfig:
     """``config`` with the stages per step its connector's extra config fixes
     (``Connector.stages_fixed_by``); AFDConfigError when ``num_stages`` says otherwise."""
-    cls = spec.load()
     fixed = cls.stages_fixed_by(cls.parse_extra_config(config.connector_extra_config))
     if fixed is None or fixed == config.num_stages:
         return config
     if "num_stages" in values:
         raise AFDConfigError(
-            f"AFD config: num_stages is {config.num_stages}, but {spec.name}'s "
+            f"AFD config: num_stages is {config.num_stages}, but {config.connector}'s "
             f"connector_extra_config {show(dict(config.connector_extra_config))} runs "
             f"{fixed} stage(s) per step; leave num_stages out or set it to {fixed}"
         )
     return replace(config, num_stages=fixed)
 
 
-def _parse_extra_config(values: Mapping[str, Any], spec: ConnectorSpec) -> dict[str, Any]:
+def _parse_extra_config(
+    values: Mapping[str, Any], spec: ConnectorSpec, cls: type[Connector]
+) -> dict[str, Any]:
     extra = to_mapping(
         "connector_extra_config",
         _value(values, "connector_extra_config"),
         f"put {spec.name}'s own settings in a JSON object ({{}} for none)",
     )
-    cls = spec.load()
-    if not (isinstance(cls, type) and issubclass(cls, Connector)):
-        raise AFDInstallError(
-            f"AFD: connector {spec.name!r} loads {spec.target!r}, which is not a subclass "
-            "of afd_core.connector.Connector; fix the plugin that registers it"
-        )
     try:
         cls.parse_extra_config(extra)
     except AFDConfigError:

@@ -22,8 +22,10 @@ Life cycle:
    :meth:`initialize` and after a half-finished one, and wakes up any thread blocked in a
    connector call (that call raises :class:`~afd_core.errors.AFDShutdown`).
 
-Contract version: afd-core 0.2 (the 0.1 contract's header-taking ``send_hidden`` /
-``recv_output`` and ``control_plane`` are gone; see docs/plugins.md).
+Contract version: afd-core 0.3 (a connector class names its ``pattern_type`` and its
+``capabilities``, which its registration no longer carries; the 0.1 contract's
+header-taking ``send_hidden`` / ``recv_output`` and ``control_plane`` are gone; see
+docs/plugins.md).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from afd_core.capabilities import Capabilities
 from afd_core.errors import AFDConfigError, AFDPeerError, AFDShutdown
 from afd_core.failures import Fuse
 from afd_core.metadata import WIRE_DTYPES, ControlPayload
@@ -42,7 +45,7 @@ from afd_core.metadata import WIRE_DTYPES, ControlPayload
 if TYPE_CHECKING:
     import torch
 
-    from afd_core.assembly import Recipe, RuntimeSpec
+    from afd_core.assembly import Pattern, Recipe, RuntimeSpec
     from afd_core.config import AFDConfig
 
 
@@ -215,7 +218,7 @@ class AttentionEndpoint(ABC):
 
         Returns at once; should the replay not finish within the AFD timeout, the
         connector fails and ends its pending transfers, so the next call raises
-        AFDPeerError. Connectors registered with ``supports_cuda_graphs`` implement it.
+        AFDPeerError. Connectors whose capabilities have ``cuda_graphs`` implement it.
         """
         raise NotImplementedError(f"{type(self).__name__} does not support CUDA graph steps")
 
@@ -256,7 +259,7 @@ class FFNEndpoint(ABC):
         Returns once every part is sent (a closing FFN rank never drops a result).
         """
 
-    # CUDA graph steps (connectors registered with supports_cuda_graphs) ----------------
+    # CUDA graph steps (connectors whose capabilities have cuda_graphs) ----------------
     #
     # In a step whose payloads have ``is_graph_step`` the attention ranks' forwards are
     # CUDA graphs. The FFN rank serves such a step with buffers it owns (so that a graph
@@ -364,14 +367,23 @@ class ConnectorParts:
 class Connector:
     """Base class of every AFD connector (built-in and third-party).
 
-    Subclasses set ``name`` (the value users put in ``"connector"``), implement
-    :meth:`recipe` (a composed connector: :mod:`afd_core.assembly`) or override
-    :meth:`connect` (a connector that builds its own parts), and may override
-    :meth:`parse_extra_config` to accept ``connector_extra_config`` fields. Everything
-    else (life cycle, the closed and failed state, the endpoint accessors) lives here.
+    Subclasses set ``name`` (the value users put in ``"connector"``) and
+    ``pattern_type``, implement :meth:`recipe` (a composed connector:
+    :mod:`afd_core.assembly`) or override :meth:`connect` (a connector that builds its own
+    parts), and may set ``capabilities`` and override :meth:`parse_extra_config` to
+    accept ``connector_extra_config`` fields. Everything else (life cycle, the closed
+    and failed state, the endpoint accessors) lives here.
     """
 
     name: ClassVar[str] = ""
+    #: The class of the pattern its recipe names (a connector without a recipe: the
+    #: pattern whose rules it follows). The rank map, the expert split, the gate
+    #: placement and whether steps are announced are read from it, before any connector
+    #: is built (:mod:`afd_core.capabilities`); :meth:`connect` refuses a recipe whose
+    #: pattern is not one.
+    pattern_type: ClassVar[type[Pattern]]
+    #: What its data plane can carry (CUDA graphs, two stages, attention TP).
+    capabilities: ClassVar[Capabilities] = Capabilities()
     #: The data plane sizes its buffers from the most tokens one step carries: the role
     #: workers put vLLM's ``max_num_batched_tokens`` into the wire spec
     #: (:attr:`WireSpec.max_num_batched_tokens`), so both roles must agree on it.
@@ -433,17 +445,6 @@ class Connector:
         that differs from a fixed count."""
         return None
 
-    def two_stage_problem(self) -> str | None:
-        """Why this connector, as configured, cannot carry two stages per step
-        (``"num_stages": 2``), or None when it can (the default).
-
-        Read when a role worker builds the connector; a reason fails the start-up with an
-        AFDConfigError naming the connector. A connector whose data plane cannot keep two
-        stages of one layer in flight without the stages waiting on each other says so
-        here (for example, one that runs a pair's sends and receives in posting order).
-        """
-        return None
-
     def recipe(self) -> Recipe:
         """The recipe this connector is assembled from (:mod:`afd_core.assembly`).
 
@@ -467,13 +468,21 @@ class Connector:
     def connect(self) -> ConnectorParts:
         """Rendezvous with the peers and build this rank's parts; called once.
 
-        The default assembles :meth:`recipe`. An override must be bounded by
+        The default assembles :meth:`recipe` (AFDConfigError when its pattern is not a
+        :attr:`pattern_type`). An override must be bounded by
         ``afd_process_group_timeout_s``, poll :attr:`is_closed` while waiting (raising
         AFDShutdown when it turns true), and release whatever it built before raising.
         """
         from afd_core.assembly import assemble
 
-        return assemble(self.runtime_spec(), self.recipe())
+        recipe = self.recipe()
+        if not isinstance(recipe.pattern, self.pattern_type):
+            raise AFDConfigError(
+                f"AFD: {type(self).__name__}.recipe() names the {type(recipe.pattern).__name__} "
+                f"pattern, but its pattern_type is {self.pattern_type.__name__}; fix the "
+                "connector so that both name the same pattern"
+            )
+        return assemble(self.runtime_spec(), recipe)
 
     def _tell_peer_lost(self, error: AFDPeerError) -> None:
         if self.on_peer_lost is not None:

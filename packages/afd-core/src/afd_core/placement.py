@@ -1,8 +1,8 @@
 """Which FFN rank holds which routed experts (expert-routed connectors). Pure Python.
 
 The ``num_experts`` routed experts are split over the ``num_ffn_ranks`` FFN ranks in
-contiguous blocks, by one of two rules (a connector registers the one it uses,
-:attr:`afd_core.specs.ConnectorSpec.expert_placement`):
+contiguous blocks, by one of two rules (a connector's pattern names the one it uses,
+:attr:`afd_core.assembly.Pattern.expert_placement`):
 
 * ``"balanced"`` (afd-core's expert-routed connector): blocks whose sizes differ by at most
   one, larger blocks first: with ``base, extra = divmod(E, F)``, FFN rank ``f`` holds

@@ -1,8 +1,8 @@
 """``ReplayGuard``: what a connector needs to bound device work the host does not wait for.
 
 With CUDA graphs the attention runner queues a replay and goes on, and the FFN rank
-replays its own graph; their transfers wait on the device. A connector registered with
-``supports_cuda_graphs`` gets a ReplayGuard from its transport's package (afd-connectors-gpu
+replays its own graph; their transfers wait on the device. A connector whose capabilities
+have ``cuda_graphs`` gets a ReplayGuard from its transport's package (afd-connectors-gpu
 implements it with CUDA events and a watch thread) and calls it at these points:
 
 * attention side: :meth:`ReplayGuard.watch` right after a replay was queued,

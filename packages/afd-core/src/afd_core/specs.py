@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from afd_core.errors import AFDInstallError
-from afd_core.placement import PlacementRule
-from afd_core.topology import ExchangePattern, Role
+from afd_core.topology import Role
 
 Platform = Literal["cpu", "cuda", "npu"]
 PLATFORMS: tuple[Platform, ...] = ("cpu", "cuda", "npu")
@@ -41,30 +40,19 @@ def load_target(target: str) -> Any:
 
 @dataclass(frozen=True)
 class ConnectorSpec:
-    """A connector class known to the registry.
+    """A connector class known to the registry: the ``name`` users put in
+    ``"connector"``, its lazy ``target`` (``"module:Class"``), the ``platforms`` it runs on
+    and a one-line ``description`` (``afd check`` prints it).
 
-    ``platforms``: where it can run. ``requires_async_dp``: the connector only works with
-    ``async_dp=true`` (and ``async_dp=true`` is only valid with such a connector).
-    ``supports_cuda_graphs``: its data plane can be captured in a CUDA graph.
-    ``exchange``: the rank map its FFN ranks need (:mod:`afd_core.topology`):
-    ``"block"`` (every FFN rank holds every expert) or ``"expert"`` (routed experts split
-    over the FFN ranks), and with ``"expert"`` ``expert_placement``, the rule that splits
-    them (:mod:`afd_core.placement`). ``gate_on_attention``: None when the connector takes
-    either gate placement, else the ``compute_gate_on_attention`` it requires,
-    ``gate_reason`` saying why (config validation and ``afd check`` refuse the other value
-    with it).
+    Nothing else: what the connector pairs and carries is its class's
+    (:attr:`~afd_core.connector.Connector.pattern_type`,
+    :attr:`~afd_core.connector.Connector.capabilities`; :mod:`afd_core.capabilities`).
     """
 
     name: str
     target: str
     platforms: tuple[Platform, ...]
-    requires_async_dp: bool = False
-    supports_cuda_graphs: bool = False
     description: str = ""
-    exchange: ExchangePattern = "block"
-    expert_placement: PlacementRule = "balanced"
-    gate_on_attention: bool | None = None
-    gate_reason: str = ""
 
     def load(self) -> type:
         """Import and return the connector class."""

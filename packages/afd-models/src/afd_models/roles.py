@@ -164,7 +164,7 @@ def make_wire_spec(
         f":e{num_experts}:v{hf_config.vocab_size}"
     )
     exchanged: tuple[int, ...] = ()
-    if afd.exchange == "expert":
+    if afd.splits_experts:
         exchanged = tuple(layer for layer in range(num_layers) if layer not in dense_layers)
     return WireSpec(
         hidden_size=hf_config.hidden_size,

@@ -1,6 +1,6 @@
 """The MoE layers of an expert-routed deployment: the router on attention, expert blocks on FFN.
 
-With an expert-routed connector (``AFDConfig.exchange == "expert"``) the role wrappers
+With an expert-routed connector (``AFDConfig.splits_experts``) the role wrappers
 build the stock MoE block on both roles with vLLM's ``FusedMoEFactory`` replaced:
 
 * **attention role**: :func:`routed_exchange_factory` returns a :class:`RoutedExchange`

@@ -86,7 +86,7 @@ class StockMoEModel:
 
     def placement(self, vllm_config: VllmConfig, afd: AFDConfig) -> ExpertPlacement | None:
         """The expert blocks of an expert-routed deployment, else None."""
-        if afd.exchange != "expert":
+        if afd.expert_placement is None:
             return None
         config = self.hf_config(vllm_config)
         return ExpertPlacement(self.num_experts(config), afd.num_ffn_ranks, afd.expert_placement)

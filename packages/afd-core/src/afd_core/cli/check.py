@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from afd_core.coercion import show
-from afd_core.config import AFDConfig, parse_afd_config
-from afd_core.connector import WireSpec
+from afd_core.config import AFDConfig, connector_class, parse_afd_config
 from afd_core.errors import AFDError
 from afd_core.placement import ExpertPlacement
 
@@ -80,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _placement(config: AFDConfig, args: argparse.Namespace) -> ExpertPlacement | None:
     """The expert blocks to print (expert-routed connectors with a known expert count)."""
-    if config.exchange != "expert":
+    if config.expert_placement is None:
         return None
     count = args.num_experts
     if args.model is not None:
@@ -121,11 +120,11 @@ def describe(config: AFDConfig, placement: ExpertPlacement | None = None) -> str
         world = topology.world_rank(config.role, config.role_rank)
         lines.append(f"This process: {config.role} rank {config.role_rank} (world {world})")
     lines.append(_describe_connector(config.connector))
-    lines.append(topology.describe(announced=_announces_steps(config)))
+    lines.append(topology.describe(announced=not config.async_dp))
     lines.append(_describe_stages(config))
     if placement is not None:
         lines.append(placement.describe())
-    elif config.exchange == "expert":
+    elif config.splits_experts:
         lines.append(
             "routed experts: split over the FFN ranks in contiguous blocks; pass --model DIR "
             "or --num-experts N to see which FFN rank holds which"
@@ -134,45 +133,25 @@ def describe(config: AFDConfig, placement: ExpertPlacement | None = None) -> str
 
 
 def _describe_connector(name: str) -> str:
-    """What the connector's registration says: what it is, where it runs, its gate rule."""
+    """What the connector is, where it runs, and its pattern's gate rule and capabilities."""
     from afd_core.registry import get_registry
 
     spec = get_registry().connectors[name]  # parse_afd_config found it there
+    cls = connector_class(spec)
+    pattern, caps = cls.pattern_type, cls.capabilities
     lines = [f"Connector {name}: {spec.description or '(no description)'}"]
     lines.append(f"  platforms: {', '.join(spec.platforms)}")
-    if spec.gate_on_attention is not None:
-        required = str(spec.gate_on_attention).lower()
-        lines.append(f"  requires compute_gate_on_attention {required}: it {spec.gate_reason}")
+    lines.append(f"  pattern: {pattern.name or pattern.__name__}")
+    if pattern.gate_on_attention is not None:
+        required = str(pattern.gate_on_attention).lower()
+        lines.append(f"  requires compute_gate_on_attention {required}: it {pattern.gate_reason}")
+    carries = [
+        f"CUDA graphs: {'yes' if caps.cuda_graphs else 'no'}",
+        f"two stages: {'yes' if caps.two_stages else 'no'}",
+        f"attention TP: {'yes' if caps.attention_tp else 'no'}",
+    ]
+    lines.append(f"  carries: {'; '.join(carries)}")
     return "\n".join(lines)
-
-
-def _announces_steps(config: AFDConfig) -> bool:
-    """Whether the connector's recipe announces steps (a connector without a recipe: yes)."""
-    from afd_core.assembly import Control
-    from afd_core.registry import get_registry
-
-    cls = get_registry().connectors[config.connector].load()
-    try:
-        return bool(cls(config, 0, probe_wire(config)).recipe().control is Control.ANNOUNCED)
-    except NotImplementedError:
-        return True
-
-
-def probe_wire(config: AFDConfig) -> WireSpec:
-    """The smallest wire spec a connector of ``config`` accepts, for reading its recipe
-    without a model: one exchanging layer; for an expert-routed config an MoE one (one
-    routed expert per FFN rank, top-1, the router logits when the gate is on attention)."""
-    if config.exchange != "expert":
-        return WireSpec(hidden_size=2, dtype="bfloat16", num_exchange_layers=1)
-    experts = config.num_ffn_ranks
-    return WireSpec(
-        hidden_size=2,
-        dtype="bfloat16",
-        num_exchange_layers=1,
-        router_logits_width=experts if config.compute_gate_on_attention else 0,
-        num_experts=experts,
-        top_k=1,
-    )
 
 
 def _describe_stages(config: AFDConfig) -> str:

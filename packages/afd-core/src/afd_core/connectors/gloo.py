@@ -10,7 +10,7 @@ at ``config.host:config.port``. ``connector_extra_config`` takes no fields.
 
 from __future__ import annotations
 
-from afd_core.assembly import P2P_BLOCK, Control, Layout, Recipe, gloo_data_plane
+from afd_core.assembly import P2P_BLOCK, Control, Layout, P2pBlock, Recipe, gloo_data_plane
 from afd_core.connector import Connector
 
 
@@ -18,6 +18,7 @@ class P2pGlooAFDConnector(Connector):
     """AFD connector: links, announced steps, gloo data plane, P2P block pattern."""
 
     name = "P2pGlooAFDConnector"
+    pattern_type = P2pBlock
 
     def recipe(self) -> Recipe:
         """Links, announced steps, the gloo data plane, the P2P block pattern."""

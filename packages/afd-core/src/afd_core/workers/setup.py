@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from afd_core.config import AFDConfig, afd_config_from_vllm
+from afd_core.config import AFDConfig, afd_config_from_vllm, connector_class
 from afd_core.connector import Connector, WireSpec
 from afd_core.errors import AFDConfigError
 from afd_core.registry import get_registry
@@ -110,26 +110,12 @@ def model_wire_spec(model: Any, architecture: str, role: Role) -> WireSpec:
 def build_connector(config: AFDConfig, role_rank: int, wire: WireSpec) -> Connector:
     """Construct the configured connector for ``role_rank`` (no rendezvous yet).
 
-    Raises AFDConfigError when the connector name is not registered or its class is not
-    a :class:`~afd_core.connector.Connector`, or when ``num_stages`` is 2 and the
-    connector cannot carry two stages (:meth:`~afd_core.connector.Connector.two_stage_problem`);
-    AFDInstallError when it cannot be imported.
+    Raises AFDConfigError when the connector name is not registered, AFDInstallError
+    when its class cannot be imported or is not a connector
+    (:func:`~afd_core.config.connector_class`).
     """
-    spec = get_registry().connector(config.connector)
-    cls = spec.load()
-    if not (isinstance(cls, type) and issubclass(cls, Connector)):
-        raise AFDConfigError(
-            f"AFD: connector {config.connector!r} points at {spec.target}, which is not a "
-            "subclass of afd_core.connector.Connector; fix the plugin that registers it"
-        )
-    connector = cls(config, role_rank, wire)
-    problem = connector.two_stage_problem() if config.num_stages == 2 else None
-    if problem is not None:
-        raise AFDConfigError(
-            f"AFD config: num_stages 2 with {config.connector}: {problem}; set "
-            '"num_stages": 1 on both roles, or use a connector that carries two stages'
-        )
-    return connector
+    cls = connector_class(get_registry().connector(config.connector))
+    return cls(config, role_rank, wire)
 
 
 @dataclass(frozen=True)
@@ -169,7 +155,7 @@ def role_worker_setup(vllm_config: Any, model: Any, role: Role, tp_rank: int) ->
         )
     role_rank = resolve_role_rank(config, vllm_config.parallel_config, tp_rank)
     wire = model_wire_spec(model, vllm_config.model_config.architecture, role)
-    if get_registry().connector(config.connector).load().sized_by_max_num_batched_tokens:
+    if connector_class(get_registry().connector(config.connector)).sized_by_max_num_batched_tokens:
         tokens = vllm_config.scheduler_config.max_num_batched_tokens
         wire = replace(wire, max_num_batched_tokens=int(tokens))
     return RoleWorkerSetup(config, role_rank, wire)

@@ -2,7 +2,7 @@
 
 Both roles live in the same Python process (threads, or one thread taking turns) and
 exchange through in-memory queues instead of a network. That is useless for serving but
-shows the whole connector contract of afd-core 0.2 in a few lines: strict
+shows the whole connector contract of afd-core 0.3 in a few lines: strict
 ``connector_extra_config`` parsing, a ``connect()`` that checks both sides agree and
 returns the role's endpoint, an endpoint that owns its wire format (it writes a header
 for every message and checks every header it receives), bounded waits that wake up on
@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from afd_core.assembly import P2pBlock
 from afd_core.coercion import reject_unknown_fields
 from afd_core.connector import (
     AttentionEndpoint,
@@ -70,6 +71,8 @@ class ExampleLoopbackConnector(Connector):
     """An AFD connector whose peers are other instances in the same process."""
 
     name = "ExampleLoopbackConnector"
+    #: It builds its own parts, pairing ranks by afd-core's block rule.
+    pattern_type = P2pBlock
 
     @classmethod
     def parse_extra_config(cls, raw: Mapping[str, Any]) -> LoopbackExtra:

@@ -21,6 +21,7 @@ from afd_core.assembly import (
     P2P_BLOCK,
     Control,
     Layout,
+    P2pBlock,
     Recipe,
     TransportPlane,
     TransportSite,
@@ -47,6 +48,7 @@ class ExampleGlooP2pConnector(Connector):
     """One world, announced steps, gloo data plane (bytes counted on request), P2P block."""
 
     name = "ExampleGlooP2pConnector"
+    pattern_type = P2pBlock
 
     def __init__(self, config: AFDConfig, role_rank: int, wire: WireSpec) -> None:
         super().__init__(config, role_rank, wire)

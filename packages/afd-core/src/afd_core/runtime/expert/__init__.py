@@ -33,6 +33,12 @@ class ExpertRouted(Pattern):
     """The expert-routed pattern (see the module docstring)."""
 
     name: ClassVar[str] = "expert-routed"
+    expert_placement = "balanced"
+    gate_on_attention = True
+    gate_reason = (
+        "routes every token to the FFN ranks that hold its experts, so the router runs on "
+        "the attention role"
+    )
     data_plane = TransportPlane
     relays_steps = True
 
@@ -55,7 +61,7 @@ class ExpertRouted(Pattern):
 
         topology = side.spec.topology
         placement = ExpertPlacement(
-            side.spec.wire.num_experts, topology.num_ffn_ranks, side.spec.config.expert_placement
+            side.spec.wire.num_experts, topology.num_ffn_ranks, self.expert_placement
         )
         peers = tuple(FFNPeer(p.transport, p.transport_rank, p.failures) for p in side.peers)
         return ExpertAttentionEndpoint(
@@ -71,7 +77,7 @@ class ExpertRouted(Pattern):
 
         topology = side.spec.topology
         placement = ExpertPlacement(
-            side.spec.wire.num_experts, topology.num_ffn_ranks, side.spec.config.expert_placement
+            side.spec.wire.num_experts, topology.num_ffn_ranks, self.expert_placement
         )
         return ExpertFFNEndpoint(
             side.context,
