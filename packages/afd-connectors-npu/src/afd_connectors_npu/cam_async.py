@@ -52,7 +52,6 @@ if TYPE_CHECKING:
 
     from afd_core.assembly import RuntimeSpec
     from afd_core.metadata import ControlPayload
-    from afd_core.topology import Topology
 
 
 class CamAsync(Pattern):
@@ -83,14 +82,6 @@ class CamAsync(Pattern):
                 "sizes the ops' buffers; build the connector through the role workers"
             )
         placement(spec)
-
-    def ffn_peers(self, topology: Topology, attention_rank: int) -> tuple[int, ...]:
-        """Every FFN rank."""
-        return tuple(range(topology.num_ffn_ranks))
-
-    def attention_peers(self, topology: Topology, ffn_rank: int) -> tuple[int, ...]:
-        """Every attention rank."""
-        return tuple(range(topology.num_attention_ranks))
 
     def attention_endpoint(self, side: AttentionSide) -> CamAsyncAttentionEndpoint:
         return CamAsyncAttentionEndpoint(side.spec, ops_of(side.spec), side.op_groups)

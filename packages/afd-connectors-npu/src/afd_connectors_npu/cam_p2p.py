@@ -44,7 +44,6 @@ if TYPE_CHECKING:
 
     from afd_core.assembly import RuntimeSpec
     from afd_core.metadata import ControlPayload
-    from afd_core.topology import Topology
 
 
 class CamP2p(Pattern):
@@ -60,14 +59,6 @@ class CamP2p(Pattern):
 
     def __init__(self, cores: dict[str, int]) -> None:
         self._cores = cores
-
-    def ffn_peers(self, topology: Topology, attention_rank: int) -> tuple[int, ...]:
-        """The FFN rank serving ``attention_rank``'s block."""
-        return (topology.ffn_rank_of(attention_rank),)
-
-    def attention_peers(self, topology: Topology, ffn_rank: int) -> tuple[int, ...]:
-        """The attention ranks of ``ffn_rank``'s block."""
-        return tuple(topology.block_of(ffn_rank))
 
     def attention_endpoint(self, side: AttentionSide) -> CamP2pAttentionEndpoint:
         assert side.announcer is not None, "CAM P2P needs announced steps"

@@ -284,13 +284,19 @@ class Pattern(ABC):
         """Raise AFDConfigError when ``spec`` cannot run this pattern (default: nothing)."""
         return None
 
-    @abstractmethod
     def ffn_peers(self, topology: Topology, attention_rank: int) -> tuple[int, ...]:
-        """The FFN ranks ``attention_rank`` exchanges data with, in FFN rank order."""
+        """The FFN ranks ``attention_rank`` exchanges data with, in FFN rank order.
 
-    @abstractmethod
+        The default is the rank map's (``topology``, built from :attr:`expert_placement`):
+        the FFN rank serving its block, or every FFN rank when the experts are split.
+        """
+        return topology.ffn_ranks_of(attention_rank)
+
     def attention_peers(self, topology: Topology, ffn_rank: int) -> tuple[int, ...]:
-        """The attention ranks ``ffn_rank`` exchanges data with, in rank order."""
+        """The attention ranks ``ffn_rank`` exchanges data with, in rank order (the
+        default: its block of the rank map, every attention rank when the experts are
+        split)."""
+        return tuple(topology.block_of(ffn_rank))
 
     def announce_to(self, topology: Topology, attention_rank: int) -> tuple[int, ...]:
         """The FFN ranks ``attention_rank`` announces its steps to."""

@@ -94,6 +94,14 @@ class Topology:
             return attention_rank // (base + 1)
         return extra + (attention_rank - big) // base
 
+    def ffn_ranks_of(self, attention_rank: int) -> tuple[int, ...]:
+        """The FFN ranks that serve ``attention_rank``: the one of its block, or with the
+        ``"expert"`` exchange every FFN rank."""
+        if self.exchange == "expert":
+            self._check_rank("attention", attention_rank)
+            return tuple(range(self.num_ffn_ranks))
+        return (self.ffn_rank_of(attention_rank),)
+
     def world_rank(self, role: Role, role_rank: int) -> int:
         """World rank of ``role_rank`` of ``role`` (FFN ranks first)."""
         self._check_rank(role, role_rank)

@@ -1,28 +1,22 @@
-"""The FFN role's serving loop: a daemon thread driven by the connector's control plane.
+"""The FFN role's server: the life cycle of one FFN rank on a daemon thread.
 
 An FFN rank has no scheduler and no KV cache. Its :class:`FFNServer` thread
-(``afd-ffn-server``) does the rendezvous, then repeats::
+(``afd-ffn-server``) does the rendezvous, then serves the connector with one of two
+loops until the connector ends:
 
-    step = connector.ffn.next_step()                 # None once the connector is closed
-    for layer in model.afd_exchange_layers():
-        for stage in step's stages:
-            batch = connector.ffn.recv(step, layer, stage)
-            out = model.afd_compute_ffn(layer, to_device(batch.hidden), ...)
-            connector.ffn.send(batch, out)
+* :class:`~afd_ffn.step_loop.StepLoop` for a connector that announces steps (the
+  layer-major step loop; CUDA graph steps in :mod:`afd_ffn.graphs`);
+* :class:`~afd_ffn.work_lanes.WorkLanes` for a connector without a control plane
+  (:class:`~afd_core.connector.FFNWorkEndpoint`): a thread per lane, each item through
+  :class:`~afd_ffn.work_lanes.WorkItemServer`.
 
-Layer-major, as :class:`~afd_core.connector.FFNEndpoint` requires: an attention rank with
-two stages in flight sends both stages of a layer before it collects either result.
-A connector without a control plane (:class:`~afd_core.connector.FFNWorkEndpoint`) gives
-work items instead of steps; :mod:`afd_ffn.work_lanes` serves them, a thread per lane,
-each item through :meth:`FFNServer.serve_work_item`.
-
-Each step runs inside the compute context (vLLM: ``torch.inference_mode()``,
-``set_forward_context(None, vllm_config)`` and, on CUDA, the worker's device as the
-thread's current device; the MoE layers find themselves through the forward context).
-The received tensors move to the compute device first when the connector delivers them
-elsewhere (a CPU transport such as gloo serving a CUDA model); the result goes back as
-is, and the connector copies it into its own buffers. CUDA graph steps (the attention
-rank captured or replays a graph of its forward) go to :mod:`afd_ffn.graphs`.
+Both compute through one :class:`~afd_ffn.compute.LayerCompute` (the move to the compute
+device, the batch context, the compute range). Each step runs inside the compute context
+(vLLM: ``torch.inference_mode()``, ``set_forward_context(None, vllm_config)`` and, on
+CUDA, the worker's device as the thread's current device; the MoE layers find themselves
+through the forward context). The result goes back as is, and the connector copies it
+into its own buffers. What stays here is the life cycle: rendezvous, a new rendezvous
+after the attention ranks left, failure.
 
 vLLM's forward context is a module global, not a thread-local: setting it from this
 thread is safe because the FFN worker's main thread never runs a forward (it only answers
@@ -61,21 +55,15 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import Any
 
-from afd_core.connector import Connector, ExpertRouting, FFNStep, FFNWorkItem
+from afd_core.connector import Connector
 from afd_core.errors import AFDConfigError, AFDPeerError, AFDProtocolError, AFDShutdown
 from afd_core.workers.process_exit import exit_worker_process
-from afd_core.workers.profiling import (
-    FFN_COMPUTE,
-    FFN_RECV,
-    FFN_SEND,
-    FFN_STEP,
-    FFN_WAIT_STEP,
-    afd_range,
-)
 from afd_core.workers.setup import role_worker_setup
+from afd_ffn.compute import LayerCompute
 from afd_ffn.graphs import FFNStepGraphs
 from afd_ffn.stats import FFNStats
-from afd_ffn.work_lanes import WorkLanes
+from afd_ffn.step_loop import StepLoop
+from afd_ffn.work_lanes import WorkItemServer, WorkLanes
 from afd_models.roles import FFNModel
 
 # A child of vLLM's logger, so vLLM's logging config (handler, level, format) applies.
@@ -143,7 +131,6 @@ class FFNServer:
         self._model = model
         self._layers = layers
         self._compute_context = compute_context
-        self._batch_context = batch_context
         self._on_failure = on_failure
         self._device = device
         self._max_cuda_graphs = max_cuda_graphs
@@ -153,23 +140,42 @@ class FFNServer:
         self._stopping = threading.Event()
         self._fail_lock = threading.Lock()
         self._connector_lock = threading.Lock()
-        self._compute_lock = threading.Lock()
         self._lost: AFDPeerError | None = None
         self._thread: threading.Thread | None = None
         self.stats = FFNStats()
         self.error: BaseException | None = None
-        self._graphs = self._graphs_for(connector)
+        self._compute = LayerCompute(model, self.stats, device=device, batch_context=batch_context)
 
-    def _graphs_for(self, connector: Connector) -> FFNStepGraphs | None:
-        if getattr(self._device, "type", None) != "cuda":
-            return None
-        return FFNStepGraphs(
-            connector,
-            self._model,
+    def _loop_for(self, connector: Connector) -> StepLoop | WorkLanes:
+        """The loop that serves the initialised ``connector``."""
+        if connector.serves_work_items:
+            endpoint = connector.ffn_work
+            serve = WorkItemServer(
+                endpoint,
+                self._compute,
+                compute_context=self._compute_context,
+                stats=self.stats,
+                on_item=self._on_step,
+            )
+            return WorkLanes(endpoint, serve, connector.close)
+        graphs = None
+        if getattr(self._device, "type", None) == "cuda":
+            graphs = FFNStepGraphs(
+                connector,
+                self._model,
+                self._layers,
+                device=self._device,
+                max_graphs=self._max_cuda_graphs,
+                stats=self.stats,
+            )
+        return StepLoop(
+            connector.ffn,
             self._layers,
-            device=self._device,
-            max_graphs=self._max_cuda_graphs,
+            self._compute,
+            compute_context=self._compute_context,
+            graphs=graphs,
             stats=self.stats,
+            on_step=self._on_step,
         )
 
     @property
@@ -209,88 +215,6 @@ class FFNServer:
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
 
-    def serve_step(self, step: FFNStep) -> None:
-        """Compute every stage of every layer of ``step`` (layer-major) and send the results.
-
-        A capture step (CUDA graphs) moves no data: it only captures, and counts as no step.
-        """
-        with self._compute_context(), afd_range(FFN_STEP):
-            if step.is_graph_step:
-                self._serve_graph_step(step)
-                if step.is_graph_capturing:
-                    return
-                self.stats.layer_exchanges += len(self._layers) * step.num_stages
-            else:
-                for layer in self._layers:
-                    for stage in range(step.num_stages):
-                        self._serve_layer(step, layer, stage)
-                        self.stats.layer_exchanges += 1
-        self.stats.tokens += sum(sum(counts) for counts in step.tokens)
-        self.stats.stages += step.num_stages
-        self.stats.two_stage_steps += step.num_stages == 2
-        self.stats.steps += 1
-
-    def _serve_layer(self, step: FFNStep, layer: int, stage: int) -> None:
-        endpoint = self._connector.ffn
-        with afd_range(FFN_RECV, layer):
-            batch = endpoint.recv(step, layer, stage)
-        received_at = time.perf_counter()
-        hidden, logits, routing = batch.hidden, batch.router_logits, batch.routing
-        device = self._device
-        if device is not None:
-            hidden = hidden.to(device)
-            logits = None if logits is None else logits.to(device)
-        if routing is not None and device is not None:
-            routing = ExpertRouting(routing.topk_ids.to(device), routing.topk_weights.to(device))
-        with afd_range(FFN_COMPUTE, layer), self._batch_context(hidden.shape[0]):
-            if routing is None:
-                output = self._model.afd_compute_ffn(layer, hidden, logits)
-            else:
-                output = self._model.afd_compute_experts(layer, hidden, routing)
-        self.stats.rows += hidden.shape[0]
-        with afd_range(FFN_SEND, layer):
-            endpoint.send(batch, output)
-        self.stats.busy_s += time.perf_counter() - received_at
-
-    def serve_work_item(self, item: FFNWorkItem) -> None:
-        """Compute an in-band work item (its rows through this rank's experts, with the
-        item's routing) and send the result back; called by each lane's thread.
-
-        The lanes compute one at a time (vLLM's forward context is a module global, and
-        the model's kernels already use every core), each inside the compute context.
-        """
-        endpoint = self._connector.ffn_work
-        received_at = time.perf_counter()
-        hidden, routing = item.hidden, item.routing
-        device = self._device
-        if device is not None:
-            hidden = hidden.to(device)
-            routing = ExpertRouting(routing.topk_ids.to(device), routing.topk_weights.to(device))
-        with (
-            self._compute_lock,
-            self._compute_context(),
-            afd_range(FFN_COMPUTE, item.layer),
-            self._batch_context(hidden.shape[0]),
-        ):
-            output = self._model.afd_compute_experts(item.layer, hidden, routing)
-        with afd_range(FFN_SEND, item.layer):
-            endpoint.send_work(item, output)
-        with self._compute_lock:
-            self.stats.rows += hidden.shape[0]
-            self.stats.layer_exchanges += 1
-            self.stats.work_items += 1
-            self.stats.busy_s += time.perf_counter() - received_at
-        self._on_step()
-
-    def _serve_graph_step(self, step: FFNStep) -> None:
-        if self._graphs is None:
-            raise AFDProtocolError(
-                f"AFD FFN: attention rank(s) {step.attention_ranks} run CUDA graphs, but this "
-                "FFN rank does not compute on a CUDA device; run the FFN role on CUDA or the "
-                "attention role with --enforce-eager"
-            )
-        self._graphs.serve(step)
-
     def _run(self) -> None:
         try:
             self._connector.on_peer_lost = functools.partial(self._peer_lost, self._connector)
@@ -321,17 +245,7 @@ class FFNServer:
             len(self._layers),
         )
         try:
-            if connector.serves_work_items:
-                WorkLanes(connector.ffn_work, self.serve_work_item, connector.close).run()
-            else:
-                endpoint = connector.ffn
-                while True:
-                    with afd_range(FFN_WAIT_STEP):
-                        step = endpoint.next_step()
-                    if step is None:
-                        break
-                    self.serve_step(step)
-                    self._on_step()
+            self._loop_for(connector).run()
         except AFDShutdown:
             pass
         except AFDPeerError as exc:
@@ -380,7 +294,6 @@ class FFNServer:
                         f"({lost}); start the attention servers, or raise ffn_idle_limit_s"
                     ) from exc
                 continue
-            self._graphs = self._graphs_for(connector)
             self.stats.rendezvous += 1
             logger.info("AFD FFN rank %d: new attention ranks joined", rank)
             return

@@ -1,4 +1,5 @@
-"""Serving an in-band connector's FFN endpoint: one thread per lane, :class:`WorkLanes`.
+"""Serving an in-band connector's FFN endpoint: one thread per lane, :class:`WorkLanes`,
+each serving its items with :class:`WorkItemServer`.
 
 A connector without a control plane (``FFNWorkEndpoint``) hands the FFN rank work items,
 not steps: each lane (one per stage the attention ranks may have in flight) delivers
@@ -8,17 +9,61 @@ whatever arrived on it, from any attention rank, in arrival order. Lanes are ind
 endpoint returns None (the connector was closed).
 
 The first lane that fails records its exception and closes the connector, which ends the
-other lanes' waits; :meth:`WorkLanes.run` then raises that exception. Free of torch and
-vLLM.
+other lanes' waits; :meth:`WorkLanes.run` then raises that exception. The lanes compute
+one item at a time (vLLM's forward context is a module global, and the model's kernels
+already use every core), each inside the compute context. Free of torch and vLLM.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
 
 from afd_core.connector import FFNWorkEndpoint, FFNWorkItem
 from afd_core.errors import AFDShutdown
+from afd_core.workers.profiling import FFN_SEND, afd_range
+from afd_ffn.compute import LayerCompute
+from afd_ffn.stats import FFNStats
+
+
+class WorkItemServer:
+    """Computes a work item (its rows through this rank's experts, with the item's
+    routing) and sends the result back; called by every lane's thread.
+
+    ``on_item`` runs after each item served. Counts into ``stats`` under its own lock.
+    """
+
+    def __init__(
+        self,
+        endpoint: FFNWorkEndpoint,
+        compute: LayerCompute,
+        *,
+        compute_context: Callable[[], AbstractContextManager[Any]],
+        stats: FFNStats,
+        on_item: Callable[[], None],
+    ) -> None:
+        self._endpoint = endpoint
+        self._compute = compute
+        self._compute_context = compute_context
+        self._stats = stats
+        self._on_item = on_item
+        self._lock = threading.Lock()
+
+    def __call__(self, item: FFNWorkItem) -> None:
+        """Serve ``item``."""
+        received_at = time.perf_counter()
+        with self._lock, self._compute_context():
+            output = self._compute(item.layer, item.hidden, routing=item.routing)
+        with afd_range(FFN_SEND, item.layer):
+            self._endpoint.send_work(item, output)
+        with self._lock:
+            self._stats.layer_exchanges += 1
+            self._stats.work_items += 1
+            self._stats.busy_s += time.perf_counter() - received_at
+        self._on_item()
 
 
 class WorkLanes:

@@ -26,7 +26,6 @@ from afd_core.placement import ExpertPlacement
 if TYPE_CHECKING:
     from afd_core.runtime.expert.attention import ExpertAttentionEndpoint
     from afd_core.runtime.expert.ffn import ExpertFFNEndpoint
-    from afd_core.topology import Topology
 
 
 class ExpertRouted(Pattern):
@@ -47,14 +46,6 @@ class ExpertRouted(Pattern):
         from afd_core.runtime.expert.messages import check_packable
 
         check_packable(spec.wire)
-
-    def ffn_peers(self, topology: Topology, attention_rank: int) -> tuple[int, ...]:
-        """Every FFN rank."""
-        return tuple(range(topology.num_ffn_ranks))
-
-    def attention_peers(self, topology: Topology, ffn_rank: int) -> tuple[int, ...]:
-        """Every attention rank."""
-        return tuple(range(topology.num_attention_ranks))
 
     def attention_endpoint(self, side: AttentionSide) -> ExpertAttentionEndpoint:
         from afd_core.runtime.expert.attention import ExpertAttentionEndpoint, FFNPeer

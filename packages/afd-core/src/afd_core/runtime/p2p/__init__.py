@@ -20,7 +20,6 @@ from afd_core.assembly import AttentionSide, FFNSide, Pattern, TransportPlane
 if TYPE_CHECKING:
     from afd_core.runtime.p2p.attention import P2pAttentionEndpoint
     from afd_core.runtime.p2p.ffn import P2pFFNEndpoint
-    from afd_core.topology import Topology
 
 
 class P2pBlock(Pattern):
@@ -28,14 +27,6 @@ class P2pBlock(Pattern):
 
     name: ClassVar[str] = "P2P block"
     data_plane = TransportPlane
-
-    def ffn_peers(self, topology: Topology, attention_rank: int) -> tuple[int, ...]:
-        """The FFN rank serving ``attention_rank``'s block."""
-        return (topology.ffn_rank_of(attention_rank),)
-
-    def attention_peers(self, topology: Topology, ffn_rank: int) -> tuple[int, ...]:
-        """The attention ranks of ``ffn_rank``'s block."""
-        return tuple(topology.block_of(ffn_rank))
 
     def attention_endpoint(self, side: AttentionSide) -> P2pAttentionEndpoint:
         from afd_core.runtime.p2p.attention import P2pAttentionEndpoint, P2pPeer
