@@ -71,7 +71,7 @@ class NoPatternConnector(Connector):
     name = "FakeNoPattern"
 
 
-class _InBand(Pattern):
+class InBandPattern(Pattern):
     """A pattern without announced steps (only its class facts are read)."""
 
     name: ClassVar[str] = "in-band"
@@ -90,7 +90,7 @@ class AsyncConnector(FakeConnector):
     """FakeConnector's extra config on a pattern without announced steps."""
 
     name = "FakeAsync"
-    pattern_type = _InBand
+    pattern_type = InBandPattern
 
 
 class ExpertConnector(PlainConnector):

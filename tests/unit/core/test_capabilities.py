@@ -6,22 +6,16 @@ what to change."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
-from afd_core.assembly import Control, ExpertRouted, P2pBlock, Pattern
+from afd_core.assembly import ExpertRouted, P2pBlock
 from afd_core.capabilities import AttentionDeployment, Capabilities, check_connector
 from afd_core.config import AFDConfig
 from afd_core.connector import Connector
 from afd_core.errors import AFDConfigError
-
-
-class _InBand(Pattern):
-    """A pattern without announced steps (only its class facts are read)."""
-
-    name: ClassVar[str] = "in-band"
-    controls = (Control.IN_BAND,)
+from tests.unit.core.fake_connectors import InBandPattern
 
 
 class Eager(Connector):
@@ -48,7 +42,7 @@ class Routed(Connector):
 
 class InBand(Connector):
     name = "InBand"
-    pattern_type = _InBand
+    pattern_type = InBandPattern
 
 
 def config(**changes: Any) -> AFDConfig:

@@ -6,7 +6,8 @@ Two layers, told apart by where they live:
   third-party connectors import. Configuration (:mod:`~afd_core.config`), the rank map
   (:mod:`~afd_core.topology`, :mod:`~afd_core.placement`), step metadata and the wire
   spec (:mod:`~afd_core.metadata`, :mod:`~afd_core.wire`), the connector and endpoint
-  contracts (:mod:`~afd_core.connector`), the data-plane contracts (a
+  contracts (:mod:`~afd_core.connector`), what a connector can carry and the one check
+  of a deployment against it (:mod:`~afd_core.capabilities`), the data-plane contracts (a
   :mod:`~afd_core.transport` or an :mod:`~afd_core.op_provider`), the recipe a connector
   is built from and the assembly API (:mod:`~afd_core.assembly`), errors and fuses
   (:mod:`~afd_core.errors`, :mod:`~afd_core.failures`), the plugin hooks and registry

@@ -124,16 +124,15 @@ def _check_async_dp(
 
 def _in_band_connectors(registered: Mapping[str, ConnectorSpec]) -> list[str]:
     """The registered connectors whose pattern carries in-band counts (those that load)."""
-    from afd_core.assembly import Pattern
+    from afd_core.config import connector_class
 
     names = []
     for name, spec in sorted(registered.items()):
         try:
-            pattern = getattr(spec.load(), "pattern_type", None)
+            if connector_class(spec).pattern_type.in_band():
+                names.append(name)
         except AFDInstallError:
             continue
-        if isinstance(pattern, type) and issubclass(pattern, Pattern) and pattern.in_band():
-            names.append(name)
     return names
 
 
