@@ -201,11 +201,16 @@ class StreamOutcome:
 
 
 def stream_and_interrupt(
-    url: str, interrupt: Callable[[], None], after_chunks: int, timeout_s: float
+    url: str,
+    interrupt: Callable[[], None],
+    after_chunks: int,
+    timeout_s: float,
+    on_chunk: Callable[[int], None] = lambda chunks: None,
 ) -> StreamOutcome:
     """Stream a long greedy completion from ``url`` and call ``interrupt`` once
-    ``after_chunks`` chunks have arrived. The stream must end (an error or its end),
-    never hang: the client's ``timeout_s`` bounds it."""
+    ``after_chunks`` chunks have arrived (``on_chunk`` gets the count after every chunk).
+    The stream must end (an error or its end), never hang: the client's ``timeout_s``
+    bounds it."""
     import openai
 
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", timeout=timeout_s, max_retries=0)
@@ -221,6 +226,7 @@ def stream_and_interrupt(
         )
         for _ in stream:
             chunks += 1
+            on_chunk(chunks)
             if chunks == after_chunks:
                 interrupt()
                 interrupted_at = time.monotonic()
@@ -261,19 +267,24 @@ def test_a_frozen_ffn_fails_the_streaming_request_in_flight_within_seconds(
 
 #: Requests streamed at once in the two-stage failure test: every decode step splits.
 TWO_STAGE_STREAMS = 4
-#: Seconds the two-stage failure test waits for the first split step before its kill.
-TWO_STAGE_WAIT_S = 30.0
+#: Seconds the two-stage failure test waits for split steps with requests in flight.
+TWO_STAGE_WAIT_S = 60.0
+#: A stream this many tokens short of its end at the kill cannot have been served whole
+#: before it (the server runs ahead of a client by a few buffered chunks, not this many).
+IN_FLIGHT_MARGIN = 50
 
 
 def test_an_ffn_killed_during_two_stage_steps_ends_every_request_within_seconds(
     tiny_models: Path, vllm_cache_root: Path, tmp_path: Path
 ) -> None:
-    """Two stages per step (thresholds 2), four requests streaming, so every decode step
-    runs as two stages on the attention rank's stage threads: SIGKILL of the whole FFN
-    server. The stage waiting for the FFN rank's answer fails with the connector's error
-    naming FFN rank 0, the step ends (the other stage is unwound, no wait outlives the
-    peer watch), every request ends within seconds, and the attention server exits with
-    that error in its log."""
+    """Two stages per step (thresholds 2), four requests streaming, so decode steps run
+    as two stages on the attention rank's stage threads: SIGKILL of the whole FFN server
+    once steps have split and at least two requests are mid-stream. The stage waiting
+    for the FFN rank's answer fails with the connector's error naming FFN rank 0, the
+    step ends (the other stage is unwound, no wait outlives the peer watch), every
+    request in flight at the kill ends short within seconds, and the attention server
+    exits with that error in its log. A stream that finished before the kill (the
+    streams start at different times) proves nothing and is not counted."""
     spec = DeploymentSpec(
         model=tiny_models / MODEL,
         afd_process_group_timeout_s=PEER_TIMEOUT_S,
@@ -284,42 +295,58 @@ def test_an_ffn_killed_during_two_stage_steps_ends_every_request_within_seconds(
     with LocalDeployment(spec, work_dir=tmp_path, cache_root=vllm_cache_root) as deployment:
         (attention,) = deployment.attention_servers
         (ffn,) = deployment.ffn_servers
-        killed = threading.Event()
+        progress = [0] * TWO_STAGE_STREAMS  # chunks each stream has received so far
+        at_kill: list[int] = []  # progress when the kill fired
         split_steps: list[int] = []
+        killed_at: list[float] = []
+
+        def mid_stream() -> int:
+            return sum(0 < n <= REQUEST_TOKENS - IN_FLIGHT_MARGIN for n in progress)
 
         def kill_ffn() -> None:
-            # Once steps have split (the other streams may start a little later).
             deadline = time.monotonic() + TWO_STAGE_WAIT_S
             while True:
                 (stats,) = deployment.attention_stats()
-                if stats["two_stage_steps"] > 0 or time.monotonic() > deadline:
+                snapshot = list(progress)
+                if stats["two_stage_steps"] > 0 and mid_stream() >= 2:
+                    break
+                if time.monotonic() > deadline:
                     break
                 time.sleep(0.05)
             split_steps.append(stats["two_stage_steps"])
+            at_kill.extend(snapshot)
             os.killpg(ffn.pid, signal.SIGKILL)
-            killed.set()
+            killed_at.append(time.monotonic())
 
-        outcomes: list[StreamOutcome] = []
+        outcomes: dict[int, StreamOutcome] = {}
         ended_at: list[float] = []
 
         def stream(index: int) -> None:
-            interrupt = kill_ffn if index == 0 else lambda: None
-            outcomes.append(stream_and_interrupt(attention.url, interrupt, 8, timeout_s=90.0))
+            def count(chunks: int) -> None:
+                progress[index] = chunks
+
+            outcomes[index] = stream_and_interrupt(
+                attention.url, lambda: None, 0, timeout_s=90.0, on_chunk=count
+            )
             ended_at.append(time.monotonic())
 
+        killer = threading.Thread(target=kill_ffn)
         threads = [threading.Thread(target=stream, args=(i,)) for i in range(TWO_STAGE_STREAMS)]
-        for thread in threads:
+        for thread in [*threads, killer]:
             thread.start()
-        for thread in threads:
+        for thread in [killer, *threads]:
             thread.join(120.0)
-        killed_at = next(o.interrupted_at for o in outcomes if o.interrupted_at)
         took = wait_exit(attention, EXIT_DEADLINE_S)
         log = attention.log_path.read_text(errors="replace")
-    assert killed.is_set() and split_steps and split_steps[0] > 0, split_steps
+    assert killed_at and split_steps[0] > 0, f"no split step before the kill: {split_steps}"
     assert len(outcomes) == TWO_STAGE_STREAMS  # every stream ended: no thread hangs
-    assert all(o.chunks < REQUEST_TOKENS for o in outcomes), [o.chunks for o in outcomes]
-    slowest = max(ended_at) - killed_at
-    print(f"two-stage steps before the kill: {split_steps[0]}; last stream ended {slowest:.1f} s")
+    in_flight = [i for i, n in enumerate(at_kill) if 0 < n <= REQUEST_TOKENS - IN_FLIGHT_MARGIN]
+    assert len(in_flight) >= 2, f"fewer than two streams mid-way at the kill: {at_kill}"
+    ended = {i: outcomes[i].chunks for i in in_flight}
+    assert all(n < REQUEST_TOKENS for n in ended.values()), f"at the kill {at_kill}, {ended}"
+    slowest = max(ended_at) - killed_at[0]
+    print(f"two-stage steps before the kill: {split_steps[0]}; chunks at the kill {at_kill}")
+    print(f"last stream ended {slowest:.1f} s after the kill")
     assert slowest < SIGNAL_BOUND_S, "a request outlived the peer watch's bound"
     assert "FFN rank 0 (world rank 0)" in log and "AFDPeerError" in log, attention.log_tail()
     print(f"attention exited {took:.1f} s after start")
