@@ -145,10 +145,17 @@ def test_a_stages_copy_to_the_host_waits_for_the_other_stages_kernels_only_on_a_
     """Stage 1 leaves a long kernel queued and hands the turn back; stage 0 then copies a
     tensor to the host. With a stream per stage the copy returns while stage 1's kernel
     still runs; with one shared stream it returns only after that kernel. Either way the
-    worker's stream is ordered after both stages when the step returns."""
+    worker's stream is ordered after both stages when the step returns. The kernels and
+    the copy run once before the step: CUDA loads a kernel's module at its first launch,
+    and that load waits for the device's running kernels on any stream (on an H100 the
+    first ``x * 2`` after a queued sleep waited for it), which is not what is tested here
+    and which vLLM's warm-up pass takes before serving."""
     forward = TwoStageForward(POLICY, timeout_s=30, streams=streams)  # type: ignore[arg-type]
     caller = torch.cuda.current_stream()
     x = torch.arange(4.0, device="cuda")
+    torch.cuda._sleep(1)
+    ((x * 2).cpu(), x + 1)
+    torch.cuda.synchronize()
     done: dict[str, bool] = {}
     used: list[torch.cuda.Stream] = []
     slow = torch.cuda.Event()

@@ -23,9 +23,10 @@ step, a stage's exchange (a gloo copy to the host, an NCCL post) orders against 
 stream, so stage 1's kernels run while stage 0's copy or transfer waits, and the other
 way round. Memory is safe without ``record_stream``: a block freed on one stream is
 reused on that stream only after the next step's start event, which follows everything
-the worker's stream queued. With ``"shared"`` (the default until ``"per-stage"`` has run
-on a GPU) both stages queue on the worker's stream in the order the turns run them
-(every host copy of one stage then waits for the other stage's queued kernels too).
+the worker's stream queued. With ``"shared"`` (the default until ``"per-stage"`` is shown
+faster on a GPU; docs/cuda.md has the 2026-12-07 H100 run) both stages queue on
+the worker's stream in the order the turns run them (every host copy of one stage
+then waits for the other stage's queued kernels too).
 Torch and vLLM are imported lazily.
 """
 

@@ -89,7 +89,7 @@ class AFDConfig:
     ``stage_streams`` says where a two-stage step's kernels queue on CUDA: ``"shared"``
     (both on the worker's stream, the default) or ``"per-stage"`` (each stage on its own
     stream, ordered against the worker's stream by events at the step's start and end;
-    not yet run on a GPU); it changes nothing on CPU.
+    exact on an H100, not yet shown faster); it changes nothing on CPU.
     ``expert_placement`` is not a key: it is the connector's pattern's
     (:attr:`Connector.pattern_type <afd_core.connector.Connector.pattern_type>`), None
     when every FFN rank holds every expert, else the rule that splits the routed experts
