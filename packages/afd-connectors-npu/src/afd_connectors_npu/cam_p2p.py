@@ -37,6 +37,7 @@ from afd_core.connector import (
 )
 from afd_core.errors import AFDProtocolError
 from afd_core.failures import Fuse, guarded, guarded_until_closed, layer_of_step
+from afd_core.in_flight import InFlight
 from afd_core.step_exchanges import StepExchanges
 
 if TYPE_CHECKING:
@@ -94,8 +95,10 @@ class CamP2pAttentionEndpoint(AttentionEndpoint):
         )
         self._step_id = -1
         self._tokens: tuple[int, ...] = ()
-        #: Stage -> (layer, rows sent, atten_batch_size of their a2e).
-        self._in_flight: dict[int, tuple[int, torch.Tensor, torch.Tensor]] = {}
+        #: By stage: the rows sent and the atten_batch_size of their a2e.
+        self._in_flight: InFlight[tuple[torch.Tensor, torch.Tensor]] = InFlight(
+            "AFD CAM P2P", spec.role_rank
+        )
 
     @guarded
     def begin_step(self, payload: ControlPayload) -> None:
@@ -132,28 +135,15 @@ class CamP2pAttentionEndpoint(AttentionEndpoint):
                 f"AFD CAM P2P: step {self._step_id} announced {self._tokens[stage]} tokens in "
                 f"stage {stage}, layer {layer} sends {hidden.shape[0]}"
             )
-        if stage in self._in_flight:
-            raise AFDProtocolError(
-                f"AFD CAM P2P: attention rank {self._spec.role_rank} sends layer {layer} "
-                f"stage {stage} before receiving layer {self._in_flight[stage][0]} of that "
-                "stage; call send() and recv() in pairs"
-            )
+        self._in_flight.check_free(layer, stage)
         doing = layer_of_step(layer, self._step_id)
         sizes = call_op(self._fuse, doing, self._ops.attention_send, hidden, self._groups[stage])
-        self._in_flight[stage] = (layer, hidden, sizes)
+        self._in_flight.put(layer, stage, (hidden, sizes))
 
     @guarded
     def recv(self, layer: int, stage: int) -> torch.Tensor:
         """``e2a``: the FFN result of the rows this stage sent at ``layer``."""
-        sent = self._in_flight.pop(stage, None)
-        if sent is None or sent[0] != layer:
-            what = "nothing" if sent is None else f"layer {sent[0]}"
-            raise AFDProtocolError(
-                f"AFD CAM P2P: attention rank {self._spec.role_rank} asks for the result of "
-                f"layer {layer} stage {stage}, but sent {what} for that stage; call send() "
-                "and recv() in pairs"
-            )
-        _, hidden, sizes = sent
+        hidden, sizes = self._in_flight.take(layer, stage)
         doing = layer_of_step(layer, self._step_id)
         result = call_op(
             self._fuse, doing, self._ops.attention_receive, hidden, sizes, self._groups[stage]

@@ -9,7 +9,8 @@ Two layers, told apart by where they live:
   contracts (:mod:`~afd_core.connector`), what a connector can carry and the one check
   of a deployment against it (:mod:`~afd_core.capabilities`), the data-plane contracts (a
   :mod:`~afd_core.transport` or an :mod:`~afd_core.op_provider`), the recipe a connector
-  is built from and the assembly API (:mod:`~afd_core.assembly`), errors and fuses
+  is built from and the assembly API (:mod:`~afd_core.assembly`), the rules an endpoint
+  keeps (:mod:`~afd_core.step_exchanges`, :mod:`~afd_core.in_flight`), errors and fuses
   (:mod:`~afd_core.errors`, :mod:`~afd_core.failures`), the plugin hooks and registry
   (:mod:`~afd_core.hookspecs`, :mod:`~afd_core.registry`, :mod:`~afd_core.plugins`) and
   the ``vllm.general_plugins`` entry point (:mod:`~afd_core.vllm_plugin`).

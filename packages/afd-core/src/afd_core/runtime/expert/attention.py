@@ -34,10 +34,11 @@ from typing import TYPE_CHECKING, Any
 from afd_core.connector import AttentionEndpoint, ExpertRouting
 from afd_core.errors import AFDProtocolError
 from afd_core.failures import guarded, layer_of_step
+from afd_core.in_flight import InFlight
 from afd_core.metadata import ControlPayload
 from afd_core.placement import ExpertPlacement
 from afd_core.runtime.control.channel import ControlSender
-from afd_core.runtime.endpoint_context import EndpointContext, take_in_flight
+from afd_core.runtime.endpoint_context import EndpointContext
 from afd_core.runtime.expert.messages import body_bytes, pack_body
 from afd_core.runtime.expert.routing import combine, rows_per_rank
 from afd_core.runtime.messages import headers
@@ -142,7 +143,7 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
         self._header_writer = headers.HeaderWriter(wire)
         self._owners = torch.tensor(placement.owners(), dtype=torch.int64, device=transport.device)
         self._step: _Step | None = None
-        self._inflight: dict[int, _InFlight] = {}
+        self._inflight: InFlight[_InFlight] = InFlight("AFD", self._role_rank)
         self._buffers = headers.HeaderedBuffers(transport)
         self.dispatched = DispatchCounts()
 
@@ -194,12 +195,12 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
             except TransferFailed as exc:
                 raise ffn.failures.error(exc, layer_of_step(layer, step.step_id)) from None
             routes.append(_Route(ffn, rows, count, reply, layout, transfers))
-        self._inflight[stage] = _InFlight(layer, hidden.shape[0], routes, home)
+        self._inflight.put(layer, stage, _InFlight(layer, hidden.shape[0], routes, home))
 
     @guarded
     def recv(self, layer: int, stage: int) -> torch.Tensor:
         step = self._step
-        inflight = take_in_flight(self._inflight, layer, stage, self._role_rank)
+        inflight = self._inflight.take(layer, stage)
         assert step is not None  # a send of this step put it in flight
         transport = self._transport
         deadline = time.monotonic() + self._timeout_s
@@ -235,11 +236,7 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
     def _check_send(
         self, layer: int, stage: int, hidden: torch.Tensor, routing: ExpertRouting | None
     ) -> _Step:
-        if stage in self._inflight:
-            raise AFDProtocolError(
-                f"AFD: attention rank {self._role_rank} sends layer {layer} stage {stage} while "
-                "the previous exchange of that stage awaits recv()"
-            )
+        self._inflight.check_free(layer, stage)
         self._exchanges.take(layer, stage)
         step = self._step
         assert step is not None  # take() raises before the first step

@@ -30,10 +30,11 @@ from typing import TYPE_CHECKING
 from afd_core.connector import AttentionEndpoint, ExpertRouting
 from afd_core.errors import AFDError, AFDProtocolError
 from afd_core.failures import guarded, layer_of_step
+from afd_core.in_flight import InFlight
 from afd_core.metadata import ControlPayload
 from afd_core.replay_guard import ReplayGuard
 from afd_core.runtime.control.channel import ControlSender
-from afd_core.runtime.endpoint_context import EndpointContext, take_in_flight
+from afd_core.runtime.endpoint_context import EndpointContext
 from afd_core.runtime.messages.forms import PostingOrder, headed, posting_order
 from afd_core.runtime.messages.frames import (
     FrameBuffer,
@@ -239,7 +240,7 @@ class P2pAttentionEndpoint(AttentionEndpoint):
         self._exchanges = StepExchanges(self._layers, f"attention rank {self._role_rank}")
         self._header_writer = HeaderWriter(wire)
         self._step: _Step | None = None
-        self._inflight: dict[int, _InFlight] = {}
+        self._inflight: InFlight[_InFlight] = InFlight("AFD", self._role_rank)
         self._headers: _StepHeaders | None = None
         self._sender_name = context.failures.describe(peer.transport_rank)
         # Every message of this rank goes to its one FFN rank: posts and waits go through a
@@ -360,7 +361,9 @@ class P2pAttentionEndpoint(AttentionEndpoint):
         assert step is not None
         row = self._exchanges.take(layer, stage)
         try:
-            self._inflight[stage] = self._forms[stage].post(layer, row, hidden, router_logits)
+            self._inflight.put(
+                layer, stage, self._forms[stage].post(layer, row, hidden, router_logits)
+            )
         except TransferFailed as exc:
             raise self._failures.error(exc, layer_of_step(layer, step.step_id)) from None
 
@@ -378,11 +381,7 @@ class P2pAttentionEndpoint(AttentionEndpoint):
                 "AFD: a P2P connector sends router logits, not expert routing; use an "
                 "expert-routed connector (DeepEPM2NAFDConnector) to route tokens to experts"
             )
-        if stage in self._inflight:
-            raise AFDProtocolError(
-                f"AFD: attention rank {self._role_rank} sends layer {layer} stage {stage} while "
-                "the previous exchange of that stage awaits recv()"
-            )
+        self._inflight.check_free(layer, stage)
         self._exchanges.take(layer, stage)  # raises for no step, another layer or stage
         assert self._step is not None
         n = self._step.tokens[stage]
@@ -409,7 +408,7 @@ class P2pAttentionEndpoint(AttentionEndpoint):
 
     def _recv(self, layer: int, stage: int) -> torch.Tensor:
         step = self._step
-        inflight = take_in_flight(self._inflight, layer, stage, self._role_rank)
+        inflight = self._inflight.take(layer, stage)
         assert step is not None  # a send of this step put it in flight
         exchanges = self._exchanges
         try:

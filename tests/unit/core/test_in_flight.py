@@ -1,0 +1,48 @@
+"""The pairing of an attention endpoint's sends and results (``afd_core.in_flight``):
+one exchange in flight per stage, each receive completing its stage's send of the same
+layer; every other order is an AFDProtocolError naming rank, layer and stage."""
+
+from __future__ import annotations
+
+import pytest
+
+from afd_core.errors import AFDProtocolError
+from afd_core.in_flight import InFlight
+
+
+def test_each_stage_pairs_its_send_with_its_receive_in_any_stage_order() -> None:
+    flight: InFlight[str] = InFlight("AFD", 3)
+    flight.put(0, 0, "s0")
+    flight.put(0, 1, "s1")
+    assert 0 in flight and 1 in flight
+    assert flight.take(0, 1) == "s1"
+    assert flight.take(0, 0) == "s0"
+    assert 0 not in flight and 1 not in flight
+
+
+def test_a_second_send_of_a_stage_before_its_receive_is_refused() -> None:
+    flight: InFlight[str] = InFlight("AFD CAM P2P", 2)
+    flight.put(4, 1, "first")
+    with pytest.raises(AFDProtocolError) as info:
+        flight.put(5, 1, "second")
+    assert str(info.value) == (
+        "AFD CAM P2P: attention rank 2 sends layer 5 stage 1 while layer 4 of that stage "
+        "awaits recv(); call send() and recv() in pairs"
+    )
+    assert flight.take(4, 1) == "first"
+
+
+@pytest.mark.parametrize(("sent_layer", "says"), [(None, "sent nothing"), (0, "sent layer 0")])
+def test_a_receive_of_another_layer_or_of_nothing_is_refused(sent_layer, says) -> None:
+    flight: InFlight[str] = InFlight("AFD", 0)
+    if sent_layer is not None:
+        flight.put(sent_layer, 0, "x")
+    with pytest.raises(AFDProtocolError, match=rf"result of layer 1 stage 0, but {says} for"):
+        flight.take(1, 0)
+
+
+def test_clear_forgets_every_stage() -> None:
+    flight: InFlight[int] = InFlight("AFD", 0)
+    flight.put(0, 0, 1)
+    flight.clear()
+    flight.check_free(0, 0)
