@@ -274,6 +274,12 @@ TWO_STAGE_WAIT_S = 60.0
 IN_FLIGHT_MARGIN = 50
 
 
+def mid_way(progress: list[int]) -> list[int]:
+    """The streams (indices into ``progress``, chunks received) that have started and are
+    at least :data:`IN_FLIGHT_MARGIN` chunks from their end."""
+    return [i for i, n in enumerate(progress) if 0 < n <= REQUEST_TOKENS - IN_FLIGHT_MARGIN]
+
+
 def test_an_ffn_killed_during_two_stage_steps_ends_every_request_within_seconds(
     tiny_models: Path, vllm_cache_root: Path, tmp_path: Path
 ) -> None:
@@ -300,17 +306,13 @@ def test_an_ffn_killed_during_two_stage_steps_ends_every_request_within_seconds(
         split_steps: list[int] = []
         killed_at: list[float] = []
 
-        def mid_stream() -> int:
-            return sum(0 < n <= REQUEST_TOKENS - IN_FLIGHT_MARGIN for n in progress)
-
         def kill_ffn() -> None:
             deadline = time.monotonic() + TWO_STAGE_WAIT_S
             while True:
                 (stats,) = deployment.attention_stats()
                 snapshot = list(progress)
-                if stats["two_stage_steps"] > 0 and mid_stream() >= 2:
-                    break
-                if time.monotonic() > deadline:
+                split = stats["two_stage_steps"] > 0 and len(mid_way(snapshot)) >= 2
+                if split or time.monotonic() > deadline:
                     break
                 time.sleep(0.05)
             split_steps.append(stats["two_stage_steps"])
@@ -340,7 +342,7 @@ def test_an_ffn_killed_during_two_stage_steps_ends_every_request_within_seconds(
         log = attention.log_path.read_text(errors="replace")
     assert killed_at and split_steps[0] > 0, f"no split step before the kill: {split_steps}"
     assert len(outcomes) == TWO_STAGE_STREAMS  # every stream ended: no thread hangs
-    in_flight = [i for i, n in enumerate(at_kill) if 0 < n <= REQUEST_TOKENS - IN_FLIGHT_MARGIN]
+    in_flight = mid_way(at_kill)
     assert len(in_flight) >= 2, f"fewer than two streams mid-way at the kill: {at_kill}"
     ended = {i: outcomes[i].chunks for i in in_flight}
     assert all(n < REQUEST_TOKENS for n in ended.values()), f"at the kill {at_kill}, {ended}"

@@ -154,7 +154,8 @@ def test_a_stages_copy_to_the_host_waits_for_the_other_stages_kernels_only_on_a_
     caller = torch.cuda.current_stream()
     x = torch.arange(4.0, device="cuda")
     torch.cuda._sleep(1)
-    ((x * 2).cpu(), x + 1)
+    (x * 2).cpu()
+    x.add(1)
     torch.cuda.synchronize()
     done: dict[str, bool] = {}
     used: list[torch.cuda.Stream] = []

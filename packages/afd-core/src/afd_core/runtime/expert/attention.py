@@ -91,7 +91,6 @@ class _Route:
 
 @dataclass(slots=True)
 class _InFlight:
-    layer: int
     tokens: int
     routes: list[_Route]
     home: torch.device
@@ -195,7 +194,7 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
             except TransferFailed as exc:
                 raise ffn.failures.error(exc, layer_of_step(layer, step.step_id)) from None
             routes.append(_Route(ffn, rows, count, reply, layout, transfers))
-        self._inflight.put(layer, stage, _InFlight(layer, hidden.shape[0], routes, home))
+        self._inflight.put(layer, stage, _InFlight(hidden.shape[0], routes, home))
 
     @guarded
     def recv(self, layer: int, stage: int) -> torch.Tensor:

@@ -72,7 +72,6 @@ class _InFlight:
     ``home`` the caller's device when the output must go back there (None: hand it out as
     it is); ``reply_at`` the host address of the reply's frame (0: the reply is no frame)."""
 
-    layer: int
     row: int
     form: _Form
     transfers: list[Transfer]
@@ -121,9 +120,7 @@ class _FrameForm:
         self.replies = replies
         self._posting, self._send, self._headers = posting, send, headers
 
-    def post(
-        self, layer: int, row: int, hidden: torch.Tensor, router_logits: torch.Tensor | None
-    ) -> _InFlight:
+    def post(self, row: int, hidden: torch.Tensor, router_logits: torch.Tensor | None) -> _InFlight:
         """Copy the header and tensors into the send frame; post it and the reply's."""
         frame = self._send
         memmove(frame.address, self._headers.outgoing.address(row), HEADER_BYTES)
@@ -136,7 +133,7 @@ class _FrameForm:
         transfers = self._posting.post([message], [reply])
         self.replies.prepare()  # the next layer's, while this round trip is in flight
         home = None if hidden.is_cpu else hidden.device
-        return _InFlight(layer, row, self, transfers, out, home, reply_at)
+        return _InFlight(row, self, transfers, out, home, reply_at)
 
     def received(self, inflight: _InFlight, step_rows: int) -> None:
         """Check the reply frame's header."""
@@ -149,15 +146,13 @@ class _HeadedForm:
     def __init__(self, posting: _Posting, headers: _StepHeaders, timeout_s: float) -> None:
         self._posting, self._headers, self._timeout_s = posting, headers, timeout_s
 
-    def post(
-        self, layer: int, row: int, hidden: torch.Tensor, router_logits: torch.Tensor | None
-    ) -> _InFlight:
+    def post(self, row: int, hidden: torch.Tensor, router_logits: torch.Tensor | None) -> _InFlight:
         """Post the header and tensors, and the receives of the reply's."""
         posting, headers = self._posting, self._headers
         hidden, logits, out, home = posting.on_device(hidden, router_logits)
         sends = headed(headers.outgoing.row(row), (hidden, logits))
         transfers = posting.post(sends, headed(headers.incoming.row(row), (out,)))
-        return _InFlight(layer, row, self, transfers, out, home)
+        return _InFlight(row, self, transfers, out, home)
 
     def received(self, inflight: _InFlight, step_rows: int) -> None:
         """Check the reply's header: at once on a host transport; on a device transport
@@ -176,13 +171,11 @@ class _BareForm:
     def __init__(self, posting: _Posting) -> None:
         self._posting = posting
 
-    def post(
-        self, layer: int, row: int, hidden: torch.Tensor, router_logits: torch.Tensor | None
-    ) -> _InFlight:
+    def post(self, row: int, hidden: torch.Tensor, router_logits: torch.Tensor | None) -> _InFlight:
         """Post the tensors and the receive of the result."""
         hidden, logits, out, home = self._posting.on_device(hidden, router_logits)
         sends = [hidden] if logits is None else [hidden, logits]
-        return _InFlight(layer, row, self, self._posting.post(sends, [out]), out, home)
+        return _InFlight(row, self, self._posting.post(sends, [out]), out, home)
 
     def received(self, inflight: _InFlight, step_rows: int) -> None:
         """Nothing to check per message."""
@@ -361,9 +354,7 @@ class P2pAttentionEndpoint(AttentionEndpoint):
         assert step is not None
         row = self._exchanges.take(layer, stage)
         try:
-            self._inflight.put(
-                layer, stage, self._forms[stage].post(layer, row, hidden, router_logits)
-            )
+            self._inflight.put(layer, stage, self._forms[stage].post(row, hidden, router_logits))
         except TransferFailed as exc:
             raise self._failures.error(exc, layer_of_step(layer, step.step_id)) from None
 
