@@ -9,10 +9,13 @@ a stage's exchange is in flight, and the hidden share of the exchange.
    ``--seconds`` over the attention server;
 3. reads the attention rank's trace. An *exchange* is one layer of one stage, from the
    start of its ``afd.attention.send`` range to the end of its ``afd.attention.wait``
-   range, on that stage's thread. A kernel belongs to the thread that launched it (its
-   ``correlation`` with a CUDA runtime call). The *hidden share* is the time within the
-   exchanges during which the GPU ran kernels of the other stage, over the exchanges'
-   total time: the part of the round trip that the other stage's attention filled;
+   range, on that stage's thread (the engine thread's exchanges, of one-stage steps, are
+   left out). A kernel belongs to the thread that launched it (its ``correlation`` with
+   a CUDA runtime call). The *hidden share* is the time within the exchanges during
+   which the GPU ran kernels of the other stage's thread, over the exchanges' total
+   time: the part of the round trip that the other stage's attention filled. The stage
+   threads' ranges are in the trace because the attention worker profiles every thread
+   (:mod:`afd_core.workers.all_threads_profiler`);
 4. before the window, sends the tiny models' fixed prompts (greedy, top-5 logprobs) and
    compares the completions of every setting with the first setting's: the stream
    placement must not change a token or a logprob;
@@ -241,12 +244,13 @@ def summarise(events: list[dict[str, Any]], title: str) -> tuple[str, list[dict[
         tid = launched_by.get(k.get("args", {}).get("correlation"))
         kernel_threads[tid].append(_span(k))
         kernel_streams[tid].add(k.get("args", {}).get("stream"))
-    exchanges = exchanges_of(events)
+    engine = {e["tid"] for e in events if range_base(e["name"]) == "afd.attention.begin"}
+    exchanges = [x for x in exchanges_of(events) if x[0] not in engine]
     stage_threads = sorted({tid for tid, _, _ in exchanges}, key=str)
     hidden = total = 0.0
     per_exchange = []
     for tid, _, span in exchanges:
-        others = [s for t, spans in kernel_threads.items() if t != tid for s in spans]
+        others = [s for t in stage_threads if t != tid for s in kernel_threads.get(t, [])]
         covered = _union_within(others, span)
         hidden += covered
         total += span.length

@@ -1,9 +1,11 @@
 """The per-role profiler on real servers: one trace per role and rank, with the AFD ranges.
 
-A 1A1F deployment whose servers both run vLLM's ``--profiler-config`` (torch profiler);
-``afd profile`` frames one wall-clock window over both while requests decode; the
-deployment then shuts down cleanly and each role's trace must be complete (readable
-JSON) and hold that role's AFD exchange ranges.
+A 1A1F deployment with two stages for prefills and one for decodes, whose servers both
+run vLLM's ``--profiler-config`` (torch profiler); ``afd profile`` frames one
+wall-clock window over both while requests decode; the deployment then shuts down
+cleanly and each role's trace must be complete (readable JSON) and hold that role's
+AFD exchange ranges, the attention's from the engine thread (one-stage steps) and from
+the stage threads (two-stage steps).
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ pytestmark = pytest.mark.slow
 
 MODEL = "tiny-qwen3-moe"
 WINDOW_S = 2.0
+#: Two stages for a step that holds a prefill (the four prompts' tens of tokens), one for
+#: the four-token decode steps.
+STAGES = {"num_stages": 2, "stage_prefill_token_threshold": 2, "stage_decode_token_threshold": 64}
 #: vLLM's profiler settings for both roles: no Python stacks (vLLM's default records one
 #: per op, which makes a CPU trace of a few seconds take minutes to write), no API-server
 #: trace, plain JSON.
@@ -63,13 +68,20 @@ def range_names(events: list[dict[str, Any]]) -> set[str]:
     return {name.rsplit(".L", 1)[0] for name in names if name.startswith("afd.")}
 
 
+def range_threads(events: list[dict[str, Any]], name: str) -> set[Any]:
+    """The threads (trace ``tid``) that recorded range ``name`` (any layer)."""
+    return {e.get("tid") for e in events if str(e.get("name", "")).rsplit(".L", 1)[0] == name}
+
+
 def test_a_profiled_1a1f_window_writes_one_trace_per_role_with_the_afd_ranges(
     tiny_models: Path, vllm_cache_root: Path, tmp_path: Path
 ) -> None:
     traces = tmp_path / "traces"
     profiler = PROFILER_CONFIG | {"torch_profiler_dir": str(traces)}
     spec = DeploymentSpec(
-        model=tiny_models / MODEL, extra_args=("--profiler-config", json.dumps(profiler))
+        model=tiny_models / MODEL,
+        extra_args=("--profiler-config", json.dumps(profiler)),
+        **STAGES,
     )
     with LocalDeployment(spec, work_dir=tmp_path, cache_root=vllm_cache_root) as deployment:
         urls = [server.url for server in deployment.servers]
@@ -93,9 +105,16 @@ def test_a_profiled_1a1f_window_writes_one_trace_per_role_with_the_afd_ranges(
     attention = [p for p in traces.glob("afd-attention0*.pt.trace.json*")]
     ffn = [p for p in traces.glob("afd-ffn0*.pt.trace.json*")]
     assert len(attention) == 1 and len(ffn) == 1, files
-    attention_ranges = range_names(trace_events(attention[0]))
+    attention_events = trace_events(attention[0])
+    attention_ranges = range_names(attention_events)
     ffn_ranges = range_names(trace_events(ffn[0]))
     print(f"attention ranges {sorted(attention_ranges)}; FFN ranges {sorted(ffn_ranges)}")
     assert {ATTENTION_BEGIN, ATTENTION_SEND, ATTENTION_WAIT} <= attention_ranges
     assert {FFN_STEP, FFN_RECV, FFN_COMPUTE, FFN_SEND, FFN_WAIT_STEP} <= ffn_ranges
     assert not attention_ranges & {FFN_STEP, FFN_COMPUTE}, "an FFN range in the attention trace"
+    engine = range_threads(attention_events, ATTENTION_BEGIN)
+    senders = range_threads(attention_events, ATTENTION_SEND)
+    print(f"threads: step begins {sorted(map(str, engine))}, sends {sorted(map(str, senders))}")
+    assert len(engine) == 1, "every step begins on the engine thread"
+    assert engine < senders, "no one-stage step's exchange in the trace"
+    assert senders - engine, "no stage thread's exchange in the trace (two-stage steps)"

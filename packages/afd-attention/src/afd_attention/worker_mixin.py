@@ -12,8 +12,10 @@ Mix :class:`AttentionWorkerMixin` in front of a vLLM worker class (``CPUWorker``
 * ``afd_stats`` (through ``collective_rpc``) reports the steps done and the connector
   endpoint's counters (for example the rows an expert-routed rank sent per FFN rank);
 * ``profile`` (vLLM's ``/start_profile`` and ``/stop_profile``) is vLLM's, with traces
-  named ``afd-attention<rank>...`` and the AFD ranges of :mod:`afd_core.workers.profiling`
-  switched on while a profile runs.
+  named ``afd-attention<rank>...``; vLLM's ``torch`` profiler is replaced by
+  :class:`~afd_core.workers.all_threads_profiler.AllThreadsProfiler`, which also records
+  the ranges of the stage threads of two-stage steps and switches the AFD ranges of
+  :mod:`afd_core.workers.profiling` on while it runs.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from typing import Any
 
 from afd_attention.session import AttentionSession, TPFollowerSession, open_session
 from afd_core.errors import AFDError
-from afd_core.workers.profiling import busy, set_ranges_enabled, trace_prefix
+from afd_core.workers.all_threads_profiler import AllThreadsProfiler
+from afd_core.workers.profiling import trace_prefix
 
 
 class AttentionWorkerMixin:
@@ -59,19 +62,20 @@ class AttentionWorkerMixin:
     def profile(
         self, is_start: bool = True, profile_prefix: str | None = None, **kwargs: Any
     ) -> None:
-        """vLLM's ``profile``, naming the trace after this attention rank and switching
-        the AFD ranges on for the profile (off again when it stops)."""
+        """vLLM's ``profile``, naming the trace after this attention rank; with vLLM's
+        ``torch`` profiler, every thread is recorded (:class:`AllThreadsProfiler`, stepped
+        by vLLM's worker once per engine step as its own would be)."""
         session = self._afd_session
         if is_start and session is not None:
+            config = self.profiler_config  # type: ignore[attr-defined]
+            if self.profiler is None and config is not None and config.profiler == "torch":  # type: ignore[has-type]
+                self.profiler = AllThreadsProfiler(
+                    config,
+                    worker_name=trace_prefix("attention", session.role_rank),
+                    cuda=self.device.type == "cuda",  # type: ignore[attr-defined]
+                )
             profile_prefix = trace_prefix("attention", session.role_rank, profile_prefix)
-        if is_start:
-            super().profile(is_start, profile_prefix, **kwargs)  # type: ignore[misc]
-            set_ranges_enabled(True)
-            return
-        set_ranges_enabled(False)
-        # Writing the trace holds the GIL for seconds: no heartbeat could go out.
-        with busy():
-            super().profile(is_start, profile_prefix, **kwargs)  # type: ignore[misc]
+        super().profile(is_start, profile_prefix, **kwargs)  # type: ignore[misc]
 
     def shutdown(self) -> None:
         """Close the AFD connector (waking any blocked exchange), then shut down vLLM's."""

@@ -14,7 +14,8 @@ Mix :class:`FFNWorkerMixin` in front of a vLLM worker class (``CPUWorker``,
 * ``afd_stats`` (through ``collective_rpc``) reports the server's counters and
   ``check_health`` re-raises its failure;
 * ``profile`` (vLLM's ``/start_profile`` and ``/stop_profile``) profiles the server
-  thread with :class:`~afd_ffn.profiler.FFNTorchProfiler` (iterations are FFN steps),
+  thread with :class:`~afd_core.workers.all_threads_profiler.AllThreadsProfiler`
+  (iterations are FFN steps),
   traces named ``afd-ffn<rank>...``.
 """
 
@@ -29,8 +30,8 @@ from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.worker.worker_base import CompilationTimes
 
 from afd_core.errors import AFDError
+from afd_core.workers.all_threads_profiler import AllThreadsProfiler
 from afd_core.workers.profiling import trace_prefix
-from afd_ffn.profiler import FFNTorchProfiler
 from afd_ffn.server import FFNServer, open_ffn_server
 
 # A child of vLLM's logger, so vLLM's logging config (handler, level, format) applies.
@@ -87,7 +88,8 @@ class FFNWorkerMixin:
     def profile(
         self, is_start: bool = True, profile_prefix: str | None = None, **kwargs: Any
     ) -> None:
-        """vLLM's ``profile``, over the FFN server thread (see :mod:`afd_ffn.profiler`).
+        """vLLM's ``profile``, over the FFN server thread (see
+        :mod:`afd_core.workers.all_threads_profiler`).
 
         Only vLLM's ``torch`` profiler is supported on this role (checked at start-up).
         """
@@ -95,7 +97,7 @@ class FFNWorkerMixin:
         server = self._afd_server
         if is_start and server is not None:
             if self.profiler is None and config is not None and config.profiler == "torch":  # type: ignore[has-type]
-                self.profiler = FFNTorchProfiler(
+                self.profiler = AllThreadsProfiler(
                     config,
                     worker_name=trace_prefix("ffn", server.role_rank),
                     cuda=self.device.type == "cuda",  # type: ignore[attr-defined]

@@ -1,22 +1,27 @@
-"""The FFN role's torch profiler: vLLM's profiling settings, over the FFN server thread.
+"""A role worker's torch profiler that records every thread of its process.
 
-An FFN rank has no scheduler steps: its work runs on the ``afd-ffn-server`` thread,
-driven by the attention ranks. vLLM's own worker profiler records the thread that starts
-it (the worker's RPC thread), which never computes here. :class:`FFNTorchProfiler` is a
-vLLM ``WorkerProfiler`` (so ``--profiler-config``, ``/start_profile`` and
-``/stop_profile``, ``delay_iterations`` and ``max_iterations`` mean what they mean in
-vLLM) whose torch profiler records every thread of the process
-(``profile_all_threads``); its iterations are FFN steps, counted by the server thread
-(:meth:`step` after each step served).
+vLLM's worker profiler records ``record_function`` ranges of the thread that starts it
+only (CUPTI's kernels come from every thread). On both roles AFD's work runs on other
+threads too: an FFN rank computes on its ``afd-ffn-server`` thread, never on the
+worker's RPC thread that starts the profile; an attention rank runs a two-stage step's
+exchanges on its stage threads. :class:`AllThreadsProfiler` is a vLLM
+``WorkerProfiler`` (so ``--profiler-config``, ``/start_profile`` and ``/stop_profile``,
+``delay_iterations`` and ``max_iterations`` mean what they mean in vLLM) whose torch
+profiler records every thread (``profile_all_threads``) and switches the AFD ranges of
+:mod:`afd_core.workers.profiling` on while it runs. Its iterations are what the role
+counts: engine steps on the attention role (vLLM's worker steps it), FFN steps on the
+FFN role (the server thread steps it after each step served).
 
 Settings read from vLLM's ``ProfilerConfig``: ``torch_profiler_dir``,
 ``torch_profiler_use_gzip``, ``torch_profiler_record_shapes``,
 ``torch_profiler_with_memory``, ``torch_profiler_with_stack``,
-``torch_profiler_with_flops``, ``wait_iterations``/``warmup_iterations``/
-``active_iterations`` (a schedule in FFN steps), ``delay_iterations`` and
-``max_iterations``. The trace is written when the profile stops (``/stop_profile``, the
-iteration limit, or the worker's shutdown), named ``afd-ffn<rank>_<vLLM's rank suffix>``
-plus the prefix given to ``/start_profile``.
+``torch_profiler_with_flops``, ``torch_profiler_activities``,
+``wait_iterations``/``warmup_iterations``/``active_iterations`` (a schedule),
+``delay_iterations`` and ``max_iterations``. Not done (vLLM's ``TorchProfilerWrapper``
+does them): the time tables (``torch_profiler_dump_cuda_time_total``) and the vLLM
+version in the trace's metadata. The trace is written when the profile stops
+(``/stop_profile``, the iteration limit, or the worker's shutdown), under the name the
+worker gives it (:meth:`set_output_name`).
 
 Two names here are not public API, on purpose: ``_start``/``_stop``/``_profiler_step``
 are the hooks vLLM's ``WorkerProfiler`` declares for its subclasses, and
@@ -33,8 +38,8 @@ from vllm.profiler.wrapper import WorkerProfiler
 from afd_core.workers.profiling import busy, set_ranges_enabled
 
 
-class FFNTorchProfiler(WorkerProfiler):
-    """A torch profiler of every thread of the FFN worker, stepped per FFN step."""
+class AllThreadsProfiler(WorkerProfiler):
+    """A torch profiler of every thread of a role worker's process (module docstring)."""
 
     def __init__(self, profiler_config: ProfilerConfig, worker_name: str, cuda: bool) -> None:
         """``cuda``: record CUDA activity too (unless ``torch_profiler_activities`` says
