@@ -10,7 +10,9 @@ Two layers, told apart by where they live:
   of a deployment against it (:mod:`~afd_core.capabilities`), the data-plane contracts (a
   :mod:`~afd_core.transport` or an :mod:`~afd_core.op_provider`), the recipe a connector
   is built from and the assembly API (:mod:`~afd_core.assembly`), the rules an endpoint
-  keeps (:mod:`~afd_core.step_exchanges`, :mod:`~afd_core.in_flight`), errors and fuses
+  keeps (:mod:`~afd_core.step_exchanges`, :mod:`~afd_core.in_flight`), what a
+  transport-plane endpoint is built on (:mod:`~afd_core.endpoint_context`,
+  :mod:`~afd_core.peer_links`), errors and fuses
   (:mod:`~afd_core.errors`, :mod:`~afd_core.failures`), the plugin hooks and registry
   (:mod:`~afd_core.hookspecs`, :mod:`~afd_core.registry`, :mod:`~afd_core.plugins`) and
   the ``vllm.general_plugins`` entry point (:mod:`~afd_core.vllm_plugin`).

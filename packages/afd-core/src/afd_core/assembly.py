@@ -44,10 +44,12 @@ if TYPE_CHECKING:
         FFNEndpoint,
         WireSpec,
     )
+    from afd_core.endpoint_context import EndpointContext
     from afd_core.errors import AFDPeerError
     from afd_core.failures import Fuse, PeerFailures
     from afd_core.metadata import ControlPayload
     from afd_core.op_provider import GroupOpener, OpProvider
+    from afd_core.peer_links import FFNLinks
     from afd_core.placement import PlacementRule
     from afd_core.replay_guard import ReplayGuard
     from afd_core.topology import ExchangePattern, Role, Topology
@@ -207,7 +209,7 @@ class AttentionSide:
     ``announcer``: the control channel (None with :attr:`Control.IN_BAND`); ``peers``:
     the FFN ranks of :meth:`Pattern.ffn_peers`, on a transport plane; ``op_groups``: the
     group names by stage, on an op plane; ``context``: what afd-core's own endpoints
-    share (an ``afd_core.runtime.endpoint_context.EndpointContext``; None on an op
+    share (an ``afd_core.endpoint_context.EndpointContext``; None on an op
     plane); ``replays``: the replay guard, if the recipe has one.
     """
 
@@ -215,8 +217,15 @@ class AttentionSide:
     announcer: StepAnnouncer | None
     peers: tuple[DataPeer, ...] = ()
     op_groups: tuple[str, ...] = ()
-    context: Any = None
+    context: EndpointContext | None = None
     replays: ReplayGuard | None = None
+
+    def transport_context(self) -> EndpointContext:
+        """:attr:`context`, for a pattern whose data plane is a transport plane
+        (ValueError on an op plane, where there is none)."""
+        if self.context is None:
+            raise ValueError("AFD: this side has no endpoint context (an op-plane pattern)")
+        return self.context
 
 
 @dataclass(frozen=True)
@@ -224,18 +233,25 @@ class FFNSide:
     """What the assembler hands a pattern to build its FFN endpoint.
 
     ``steps``: the announced steps (the control inbox, or the step relay where the
-    pattern relays steps; None with :attr:`Control.IN_BAND`); ``links``: the runtime's
-    links to the attention ranks of :meth:`Pattern.attention_peers` (control and, on a
-    transport plane, data); ``op_groups``, ``context`` and ``replays`` as for
-    :class:`AttentionSide`.
+    pattern relays steps; None with :attr:`Control.IN_BAND`); ``links``: the links to
+    the attention ranks of :meth:`Pattern.attention_peers` (control and, on a transport
+    plane, data; :class:`~afd_core.peer_links.FFNLinks`); ``op_groups``, ``context``
+    and ``replays`` as for :class:`AttentionSide`.
     """
 
     spec: RuntimeSpec
     steps: StepSource | None
-    links: Any
+    links: FFNLinks
     op_groups: tuple[str, ...] = ()
-    context: Any = None
+    context: EndpointContext | None = None
     replays: ReplayGuard | None = None
+
+    def transport_context(self) -> EndpointContext:
+        """:attr:`context`, for a pattern whose data plane is a transport plane
+        (ValueError on an op plane, where there is none)."""
+        if self.context is None:
+            raise ValueError("AFD: this side has no endpoint context (an op-plane pattern)")
+        return self.context
 
 
 class Pattern(ABC):

@@ -29,11 +29,11 @@ from afd_core.assembly import (
     TransportPlane,
 )
 from afd_core.connector import ConnectorParts
+from afd_core.endpoint_context import EndpointContext
 from afd_core.errors import AFDConfigError, AFDPeerError
 from afd_core.op_provider import GroupSite
 from afd_core.runtime.control.channel import ControlInbox, ControlSender
 from afd_core.runtime.control.relay import LEADER_RANK, FollowingRelay, LeadingRelay
-from afd_core.runtime.endpoint_context import EndpointContext
 from afd_core.runtime.links import BlockLinks, LinkAcceptor, open_ffn_links, shared_links
 from afd_core.runtime.parts import Part, Parts
 from afd_core.runtime.world import (

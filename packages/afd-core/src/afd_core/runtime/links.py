@@ -3,12 +3,14 @@
 Shared by both exchange patterns: P2P (the attention ranks of the FFN rank's block) and
 expert-routed (every attention rank).
 
-An :class:`AttentionLink` is how an FFN rank reaches one attention rank: the control
-and data transports it uses, that rank's number on them and how to name it in errors.
+An :class:`~afd_core.peer_links.AttentionLink` (the contract's record) is how an FFN
+rank reaches one attention rank: the control and data transports it uses, that rank's
+number on them and how to name it in errors.
 Either every link shares the connector's one world (P2P over NCCL, the expert exchange)
 or each has a world of its own (:func:`afd_core.runtime.world.open_link`: P2P over gloo).
 
-:class:`BlockLinks` holds them and decides what losing one means:
+:class:`BlockLinks` holds them (it is the runtime's :class:`~afd_core.peer_links.FFNLinks`)
+and decides what losing one means:
 
 * *shared* links, or an FFN rank without an idle limit (``ffn_idle_limit_s`` 0): an
   attention rank that leaves is a failure of the FFN rank, as it always was;
@@ -35,45 +37,21 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from afd_core.errors import AFDError, AFDPeerError
+from afd_core.peer_links import AttentionLink
 from afd_core.runtime import seats
 from afd_core.runtime.world import ATTENTION_ON_LINK, open_link, peer_departed, peer_lost
 
 if TYPE_CHECKING:
     from afd_core.assembly import RuntimeSpec, TransportFactory
-    from afd_core.failures import PeerFailures
     from afd_core.runtime.rendezvous import Session
     from afd_core.runtime.world import World
-    from afd_core.transport import TransferFailed, Transport
+    from afd_core.transport import TransferFailed
 
 # A child of vLLM's logger, so vLLM's logging config applies in a server.
 logger = logging.getLogger(f"vllm.{__name__}")
 
 #: Seconds between two looks of the acceptor at the store.
 ACCEPT_POLL_S = 0.2
-
-
-@dataclass(eq=False)
-class AttentionLink:
-    """How the FFN rank reaches attention rank ``rank`` (``peer`` on both transports).
-
-    ``world`` is the link's own world (None: the link shares the connector's world);
-    ``generation`` the seat it serves (:mod:`afd_core.runtime.seats`); ``lost`` the error that
-    ended it, once it is lost.
-    """
-
-    rank: int
-    peer: int
-    control: Transport
-    data: Transport | None
-    failures: PeerFailures
-    generation: int = 0
-    world: World | None = None
-    lost: AFDError | None = None
-
-    @property
-    def name(self) -> str:
-        """``"attention rank 1 (world rank 2)"``."""
-        return self.failures.describe(self.peer)
 
 
 def shared_links(world: World, senders: dict[int, int]) -> list[AttentionLink]:

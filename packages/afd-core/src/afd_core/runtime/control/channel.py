@@ -35,7 +35,7 @@ from afd_core.wire import CONTROL_MESSAGE_BYTES, decode_control_message, encode_
 if TYPE_CHECKING:
     from afd_core.connector import FFNStep
     from afd_core.metadata import ControlPayload
-    from afd_core.runtime.links import AttentionLink, BlockLinks
+    from afd_core.peer_links import AttentionLink, FFNLinks
 
 #: What an inbox thread waits for, in error messages.
 NEXT_PAYLOAD = "the next control payload"
@@ -105,7 +105,7 @@ class ControlInbox:
     start afresh.
     """
 
-    def __init__(self, links: BlockLinks, fuse: Fuse, thread_name: str) -> None:
+    def __init__(self, links: FFNLinks, fuse: Fuse, thread_name: str) -> None:
         self._links = links
         self._fuse = fuse
         self._thread_name = thread_name

@@ -20,7 +20,7 @@ for it, bounded by the AFD timeout.
 The leader's wait for payloads and a follower's wait for step messages have no deadline
 (an idle attention role is normal) and end when the connector closes; forwarding a step
 is bounded by the AFD timeout. Links added or lost reach both relays at step
-boundaries only (:meth:`~afd_core.runtime.links.BlockLinks.settle`).
+boundaries only (:meth:`~afd_core.peer_links.FFNLinks.settle`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from afd_core.wire import decode_step_message, encode_step_message, step_message
 if TYPE_CHECKING:
     from afd_core.connector import FFNStep
     from afd_core.metadata import ControlPayload
-    from afd_core.runtime.links import AttentionLink, BlockLinks
+    from afd_core.peer_links import AttentionLink, FFNLinks
 
 #: FFN rank 0 leads; it is rank 0 of every group of FFN ranks (FFN ranks come first).
 LEADER_RANK = 0
@@ -78,7 +78,7 @@ class LeadingRelay:
     def __init__(
         self,
         inbox: ControlInbox,
-        links: BlockLinks,
+        links: FFNLinks,
         transport: Transport,
         followers: tuple[int, ...],
         num_attention_ranks: int,
@@ -129,7 +129,7 @@ class FollowingRelay:
 
     def __init__(
         self,
-        links: BlockLinks,
+        links: FFNLinks,
         transport: Transport,
         num_attention_ranks: int,
         timeout_s: float,

@@ -56,7 +56,7 @@ class ExpertRouted(Pattern):
         )
         peers = tuple(FFNPeer(p.transport, p.transport_rank, p.failures) for p in side.peers)
         return ExpertAttentionEndpoint(
-            side.context,
+            side.transport_context(),
             placement=placement,
             ffn_peers=peers,
             control=side.announcer,  # type: ignore[arg-type]
@@ -71,7 +71,7 @@ class ExpertRouted(Pattern):
             side.spec.wire.num_experts, topology.num_ffn_ranks, self.expert_placement
         )
         return ExpertFFNEndpoint(
-            side.context,
+            side.transport_context(),
             block=placement.block(side.spec.role_rank),
             links=side.links,
             relay=side.steps,  # type: ignore[arg-type]

@@ -32,13 +32,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from afd_core.connector import AttentionEndpoint, ExpertRouting
+from afd_core.endpoint_context import EndpointContext
 from afd_core.errors import AFDProtocolError
 from afd_core.failures import guarded, layer_of_step
 from afd_core.in_flight import InFlight
 from afd_core.metadata import ControlPayload
 from afd_core.placement import ExpertPlacement
 from afd_core.runtime.control.channel import ControlSender
-from afd_core.runtime.endpoint_context import EndpointContext
 from afd_core.runtime.expert.messages import body_bytes, pack_body
 from afd_core.runtime.expert.routing import combine, rows_per_rank
 from afd_core.runtime.messages import headers

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from afd_core.connector import ExpertRouting, FFNEndpoint, FFNLayerBatch, FFNStep
+from afd_core.endpoint_context import EndpointContext
 from afd_core.errors import AFDProtocolError
 from afd_core.failures import guarded, guarded_until_closed, layer_of_step
-from afd_core.runtime.endpoint_context import EndpointContext
 from afd_core.runtime.expert.messages import body_bytes, unpack_body
 from afd_core.runtime.expert.routing import localize
 from afd_core.runtime.messages import headers
@@ -44,8 +44,8 @@ from afd_core.wire import HEADER_BYTES
 if TYPE_CHECKING:
     import torch
 
+    from afd_core.peer_links import AttentionLink, FFNLinks
     from afd_core.runtime.control.relay import RelayedStep, StepSource
-    from afd_core.runtime.links import AttentionLink, BlockLinks
 
 
 @dataclass(slots=True)
@@ -80,7 +80,7 @@ class ExpertFFNEndpoint(FFNEndpoint):
         context: EndpointContext,
         *,
         block: range,
-        links: BlockLinks,
+        links: FFNLinks,
         relay: StepSource,
         partials: str | None = None,
     ) -> None:

@@ -34,7 +34,7 @@ class P2pBlock(Pattern):
         (peer,) = side.peers
         assert side.announcer is not None, "the P2P block pattern needs announced steps"
         return P2pAttentionEndpoint(
-            side.context,
+            side.transport_context(),
             peer=P2pPeer(peer.ffn_rank, peer.transport_rank),
             control=side.announcer,  # type: ignore[arg-type]
             replays=side.replays,
@@ -45,7 +45,7 @@ class P2pBlock(Pattern):
 
         assert side.steps is not None, "the P2P block pattern needs announced steps"
         return P2pFFNEndpoint(
-            side.context,
+            side.transport_context(),
             links=side.links,
             inbox=side.steps,  # type: ignore[arg-type]
             replays=side.replays,

@@ -28,13 +28,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from afd_core.connector import AttentionEndpoint, ExpertRouting
+from afd_core.endpoint_context import EndpointContext
 from afd_core.errors import AFDError, AFDProtocolError
 from afd_core.failures import guarded, layer_of_step
 from afd_core.in_flight import InFlight
 from afd_core.metadata import ControlPayload
 from afd_core.replay_guard import ReplayGuard
 from afd_core.runtime.control.channel import ControlSender
-from afd_core.runtime.endpoint_context import EndpointContext
 from afd_core.runtime.messages.forms import PostingOrder, headed, posting_order
 from afd_core.runtime.messages.frames import (
     FrameBuffer,

@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from afd_core.connector import FFNEndpoint, FFNLayerBatch, FFNStep
+from afd_core.endpoint_context import EndpointContext
 from afd_core.errors import AFDError, AFDProtocolError
 from afd_core.failures import guarded, guarded_until_closed, layer_of_step
 from afd_core.replay_guard import ReplayGuard
 from afd_core.runtime.control.channel import ControlInbox
-from afd_core.runtime.endpoint_context import EndpointContext
 from afd_core.runtime.messages.forms import headed
 from afd_core.runtime.messages.frames import (
     FrameBuffer,
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
     import torch
 
-    from afd_core.runtime.links import AttentionLink, BlockLinks
+    from afd_core.peer_links import AttentionLink, FFNLinks
 
 
 @dataclass(slots=True)
@@ -126,7 +126,7 @@ class P2pFFNEndpoint(FFNEndpoint):
         self,
         context: EndpointContext,
         *,
-        links: BlockLinks,
+        links: FFNLinks,
         inbox: ControlInbox,
         replays: ReplayGuard | None = None,
     ) -> None:
