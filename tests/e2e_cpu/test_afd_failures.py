@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -416,6 +417,8 @@ def test_an_attention_server_can_be_replaced_against_a_running_ffn(
         (ffn,) = deployment.ffn_servers
         assert complete(attention.url, PROMPTS[:1], 4)[0].token_ids
         assert attention.pid is not None
+        serving = ffn_status(ffn)
+        assert attention.afd_status()[0] == 200
         sig = getattr(signal, how)
         if when == "mid-stream":
             pid = attention.pid
@@ -429,17 +432,37 @@ def test_an_attention_server_can_be_replaced_against_a_running_ffn(
         took = wait_tree_gone(attention, stopped_at, SIGNAL_BOUND_S)
         time.sleep(2.0)  # the FFN rank has seen the attention rank go and reopened
         assert ffn.running and ffn.is_healthy(), ffn.log_tail()
+        waiting = ffn_status(ffn)
         replacement = VllmServer(attention.spec, tmp_path / "replacement", vllm_cache_root)
         with replacement:
             replacement.wait_healthy(time.monotonic() + EXIT_DEADLINE_S)
             afd = complete(replacement.url, PROMPTS, REPLACEMENT_TOKENS)
             (stats,) = deployment.ffn_stats()
+            replaced = ffn_status(ffn)
         log = ffn.log_path.read_text(errors="replace")
     print(f"attention tree gone {took:.1f} s after {how} ({when})")
     assert [c.token_ids for c in afd] == [c.token_ids for c in reference]
     # The FFN rank took the new server in on its running connector: no second rendezvous.
     assert stats["rendezvous"] == 1 and stats["endpoint"]["attention_replacements"] == 1, stats
     assert "waits up to" in log and "new attention ranks joined" in log
+    # GET /afd/status follows the FFN rank: ready, not ready without its attention rank
+    # (HTTP 503 while /health stays 200), ready again with the replacement.
+    assert serving[0] == 200 and serving[1]["linked_attention_ranks"] == [0], serving
+    assert serving[1]["state"] == "serving" and serving[1]["last_peer_loss"] is None, serving
+    assert waiting[0] == 503 and waiting[1]["linked_attention_ranks"] == [], waiting
+    assert "attention rank 0" in waiting[1]["last_peer_loss"]["error"], waiting
+    assert replaced[0] == 200 and replaced[1]["linked_attention_ranks"] == [0], replaced
+    assert replaced[1]["attention_replacements"] == 1 and replaced[1]["rendezvous"] == 1, replaced
+
+
+def ffn_status(server: VllmServer) -> tuple[int, dict[str, Any]]:
+    """``GET /afd/status`` of a one-worker FFN server: the HTTP status and its worker's
+    record, checked against the server's own answer (ready iff every worker is)."""
+    code, body = server.afd_status()
+    (worker,) = body["workers"]
+    assert worker["role"] == "ffn" and body["ready"] is worker["ready"], body
+    assert (code == 200) is worker["ready"], body
+    return code, worker
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ def test_ffn_links_declares_what_the_ffn_endpoints_use():
         "get",
         "idle_error",
         "idle_wait_s",
+        "last_loss",
         "lose",
         "lose_transfer",
         "on_change",
@@ -41,7 +42,7 @@ def test_block_links_has_each_method_of_ffn_links_with_its_parameters(name: str)
 
 def test_block_links_has_the_attributes_of_ffn_links():
     links = BlockLinks(2, [])
-    assert links.ffn_rank == 2 and links.replacements == 0
+    assert links.ffn_rank == 2 and links.replacements == 0 and links.last_loss is None
 
 
 @pytest.mark.parametrize("side_type", [AttentionSide, FFNSide])

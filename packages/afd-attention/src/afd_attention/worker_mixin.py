@@ -9,6 +9,8 @@ Mix :class:`AttentionWorkerMixin` in front of a vLLM worker class (``CPUWorker``
   installed as the model's exchanger), bounded by the AFD timeout;
 * ``shutdown`` closes the session (waking any blocked exchange) before vLLM's own
   shutdown;
+* ``afd_status`` (``GET /afd/status``, :mod:`afd_core.http_status`) says whether the
+  session is open;
 * ``afd_stats`` (through ``collective_rpc``) reports the steps done and the connector
   endpoint's counters (for example the rows an expert-routed rank sent per FFN rank);
 * ``profile`` (vLLM's ``/start_profile`` and ``/stop_profile``) is vLLM's, with traces
@@ -58,6 +60,20 @@ class AttentionWorkerMixin:
         if session is None:
             raise AFDError("AFD attention: not connected to the FFN role yet (model loading)")
         return session.stats()
+
+    def afd_status(self) -> dict[str, Any]:
+        """This attention rank's readiness: ``ready`` once its AFD session is open (the
+        rendezvous with the FFN role done), ``state`` ``"connecting to the FFN role"``
+        before. Served over HTTP by :class:`afd_core.http_status.AFDStatusMiddleware`."""
+        session = self._afd_session
+        if session is None:
+            return {"role": "attention", "ready": False, "state": "connecting to the FFN role"}
+        return {
+            "role": "attention",
+            "attention_rank": session.role_rank,
+            "ready": True,
+            "state": "serving",
+        }
 
     def profile(
         self, is_start: bool = True, profile_prefix: str | None = None, **kwargs: Any

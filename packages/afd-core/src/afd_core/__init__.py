@@ -22,7 +22,8 @@ Two layers, told apart by where they live:
   through :mod:`afd_core.assembly` only.
 
 Beside them: :mod:`afd_core.workers` (what the role workers share: rank, wire spec,
-connector, process exit, profiling ranges), :mod:`afd_core.connectors` (the reference
+connector, process exit, profiling ranges), :mod:`afd_core.http_status` (``GET
+/afd/status`` on either role's API server), :mod:`afd_core.connectors` (the reference
 ``P2pGlooAFDConnector``, a recipe like any third-party connector), and the tools
 :mod:`afd_core.cli` (the ``afd`` command) and :mod:`afd_core.launch` (local
 deployments).

@@ -57,11 +57,13 @@ class FFNLinks(Protocol):
     """The links of one FFN rank, as its FFN endpoint uses them (any thread unless said).
 
     ``ffn_rank`` is the FFN rank; ``replacements`` counts the replacement links opened so
-    far (for ``afd_stats``).
+    far (for ``afd_stats``); ``last_loss`` is the last link let go, its error and when
+    (``time.time()``), None before any.
     """
 
     ffn_rank: int
     replacements: int
+    last_loss: tuple[str, float] | None
 
     def current(self) -> dict[int, AttentionLink]:
         """The links by attention rank, lost ones included until released."""
@@ -102,3 +104,8 @@ class FFNLinks(Protocol):
     def idle_wait_s(self) -> float:
         """Seconds until :meth:`idle_error` may change (for a bounded wait)."""
         ...
+
+
+def loss_record(loss: tuple[str, float] | None) -> dict[str, object] | None:
+    """:attr:`FFNLinks.last_loss` as plain JSON values: ``{"error", "unix_time"}`` or None."""
+    return None if loss is None else {"error": loss[0], "unix_time": loss[1]}

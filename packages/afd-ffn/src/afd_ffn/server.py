@@ -57,6 +57,7 @@ from typing import Any
 
 from afd_core.connector import Connector
 from afd_core.errors import AFDConfigError, AFDPeerError, AFDProtocolError, AFDShutdown
+from afd_core.peer_links import loss_record
 from afd_core.workers.process_exit import exit_worker_process
 from afd_core.workers.setup import role_worker_setup
 from afd_ffn.compute import LayerCompute
@@ -141,6 +142,10 @@ class FFNServer:
         self._fail_lock = threading.Lock()
         self._connector_lock = threading.Lock()
         self._lost: AFDPeerError | None = None
+        #: True from a completed rendezvous until its attention ranks leave or fail.
+        self._serving = False
+        #: The last loss of attention ranks this server lived through, and when (time.time).
+        self._last_loss: tuple[str, float] | None = None
         self._thread: threading.Thread | None = None
         self.stats = FFNStats()
         self.error: BaseException | None = None
@@ -192,6 +197,45 @@ class FFNServer:
         """The connector endpoint's counters ({} until the rendezvous is done)."""
         return self._connector.endpoint_stats()
 
+    def status(self) -> dict[str, Any]:
+        """The FFN rank's readiness, as ``afd_status`` reports it (plain JSON values).
+
+        ``ready`` is true while the server serves: its rendezvous is done, it has not
+        failed, and at least one attention rank is linked where the endpoint counts
+        links. ``state`` is ``"waiting for attention ranks"`` (before a rendezvous is
+        done, or at a new one after its attention ranks left), ``"serving"``,
+        ``"failed"`` or ``"stopped"``; ``rendezvous`` counts the rendezvous completed;
+        ``linked_attention_ranks``, ``attention_replacements`` and ``expert_block`` come
+        from the endpoint where it has them; ``last_peer_loss`` is the last loss of
+        attention ranks lived through (``{"error", "unix_time"}``: of a whole rendezvous,
+        else the endpoint's last link let go) or None; ``error`` the
+        failure that stopped the server, or None.
+        """
+        endpoint = self.endpoint_stats() if self._serving else {}
+        linked = endpoint.get("linked_attention_ranks")
+        if self.error is not None:
+            state = "failed"
+        elif self._stopping.is_set():
+            state = "stopped"
+        else:
+            state = "serving" if self._serving else "waiting for attention ranks"
+        loss = self._last_loss
+        if loss is None and (lost_link := endpoint.get("last_peer_loss")) is not None:
+            loss = (str(lost_link["error"]), float(lost_link["unix_time"]))
+        error = self.error
+        return {
+            "role": "ffn",
+            "ffn_rank": self.role_rank,
+            "ready": state == "serving" and (linked is None or len(linked) > 0),
+            "state": state,
+            "rendezvous": self.stats.rendezvous,
+            "linked_attention_ranks": linked,
+            "attention_replacements": endpoint.get("attention_replacements"),
+            "expert_block": endpoint.get("expert_block"),
+            "last_peer_loss": loss_record(loss),
+            "error": None if error is None else f"{describe_failure(error)}: {error}",
+        }
+
     @property
     def is_running(self) -> bool:
         """True while the server thread is alive."""
@@ -220,6 +264,7 @@ class FFNServer:
             self._connector.on_peer_lost = functools.partial(self._peer_lost, self._connector)
             self._connector.initialize()
             self.stats.rendezvous += 1
+            self._serving = True
             while (lost := self._serve_until_ended()) is not None:
                 self._rendezvous_again(lost)
         except AFDShutdown:
@@ -254,6 +299,8 @@ class FFNServer:
 
     def _peer_lost(self, connector: Connector, exc: AFDPeerError) -> None:
         """The peer watch of ``connector`` found a peer gone (its own thread)."""
+        self._serving = False
+        self._last_loss = (str(exc), time.time())
         if self._reconnect is None:
             self._fail(exc)
             return
@@ -263,6 +310,8 @@ class FFNServer:
     def _rendezvous_again(self, lost: AFDPeerError) -> None:
         """Replace the connector by one that completed a new rendezvous (bounded by the
         idle limit); raise ``lost`` when there is no ``reconnect``."""
+        self._serving = False
+        self._last_loss = (str(lost), time.time())
         if self._reconnect is None:
             raise lost
         rank = self._connector.role_rank
@@ -295,6 +344,7 @@ class FFNServer:
                     ) from exc
                 continue
             self.stats.rendezvous += 1
+            self._serving = True
             logger.info("AFD FFN rank %d: new attention ranks joined", rank)
             return
 
@@ -309,6 +359,7 @@ class FFNServer:
             if self.error is not None:
                 return
             self.error = exc
+            self._serving = False
         logger.error(
             "AFD FFN rank %d: the FFN server stopped after %d steps: %s: %s",
             rank,

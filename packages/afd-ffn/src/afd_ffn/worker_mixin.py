@@ -11,7 +11,8 @@ Mix :class:`FFNWorkerMixin` in front of a vLLM worker class (``CPUWorker``,
   attention ranks;
 * ``execute_model``, ``sample_tokens`` and ``execute_dummy_batch`` refuse: requests
   belong to the attention role's server;
-* ``afd_stats`` (through ``collective_rpc``) reports the server's counters and
+* ``afd_stats`` (through ``collective_rpc``) reports the server's counters,
+  ``afd_status`` its readiness (``GET /afd/status``, :mod:`afd_core.http_status`) and
   ``check_health`` re-raises its failure;
 * ``profile`` (vLLM's ``/start_profile`` and ``/stop_profile``) profiles the server
   thread with :class:`~afd_core.workers.all_threads_profiler.AllThreadsProfiler`
@@ -115,6 +116,15 @@ class FFNWorkerMixin:
         server = self._afd_server
         if server is not None and server.error is not None:
             raise AFDError(f"AFD FFN server failed: {server.error}") from server.error
+
+    def afd_status(self) -> dict[str, Any]:
+        """This FFN rank's readiness (:meth:`FFNServer.status <afd_ffn.server.FFNServer.status>`;
+        before the server starts: not ready, ``state`` ``"loading the model"``). Served over
+        HTTP by :class:`afd_core.http_status.AFDStatusMiddleware`."""
+        server = self._afd_server
+        if server is None:
+            return {"role": "ffn", "ready": False, "state": "loading the model"}
+        return server.status()
 
     def afd_stats(self) -> dict[str, Any]:
         """The FFN server's counters (:class:`~afd_ffn.stats.FFNStats`), once connected its

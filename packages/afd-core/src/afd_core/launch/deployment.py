@@ -39,6 +39,10 @@ DEFAULT_START_TIMEOUT_S = 180.0
 _PROGRESS_EVERY_S = 15.0
 
 
+#: Every AFD server answers ``GET /afd/status`` (:mod:`afd_core.http_status`).
+STATUS_ARGS = ("--middleware", "afd_core.http_status.AFDStatusMiddleware")
+
+
 @dataclass(frozen=True)
 class DeploymentSpec:
     """What to launch.
@@ -143,7 +147,11 @@ class DeploymentSpec:
                         max_num_seqs=self.max_num_seqs,
                         additional_config={"afd": settings},
                         dev_mode=True,
-                        extra_args=(*self.extra_args, *self.role_args.get(role, ())),
+                        extra_args=(
+                            *STATUS_ARGS,
+                            *self.extra_args,
+                            *self.role_args.get(role, ()),
+                        ),
                         extra_env={
                             **secret_env,
                             **self.extra_env,

@@ -252,6 +252,20 @@ class VllmServer:
         except (OSError, http.client.HTTPException):
             return False
 
+    def afd_status(self) -> tuple[int, dict[str, Any]]:
+        """One ``GET /afd/status`` (an AFD server, :mod:`afd_core.http_status`): the HTTP
+        status and the JSON body. Raises ServerError if the process exited or the server
+        does not answer."""
+        self.check_alive()
+        url = f"{self.url}/afd/status"
+        try:
+            with urllib.request.urlopen(url, timeout=_HTTP_TIMEOUT_S + 5.0) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+        except (OSError, http.client.HTTPException) as exc:
+            raise ServerError(f"{self.spec.name}: GET {url} failed: {exc}") from exc
+
     def wait_healthy(self, deadline: float) -> float:
         """Poll ``/health`` until it answers 200; return the seconds since start.
 

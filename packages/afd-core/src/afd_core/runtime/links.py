@@ -108,6 +108,8 @@ class BlockLinks:
         self._listeners: list[Callable[[], None]] = []
         #: Replacement links opened so far (a counter for afd_stats).
         self.replacements = 0
+        #: The last link let go: its error and when (``time.time()``); None: none yet.
+        self.last_loss: tuple[str, float] | None = None
 
     def on_change(self, wake: Callable[[], None]) -> None:
         """Call ``wake`` (any thread) whenever a link is added or lost."""
@@ -155,6 +157,7 @@ class BlockLinks:
             if link.lost is not None or self._links.get(link.rank) is not link:
                 return True
             link.lost = type(error)(str(error))
+            self.last_loss = (str(link.lost), time.time())
             self._changes.lost.append(link)
             others = sum(1 for other in self._links.values() if other.lost is None)
         logger.warning(

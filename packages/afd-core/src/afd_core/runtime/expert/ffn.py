@@ -33,6 +33,7 @@ from afd_core.connector import ExpertRouting, FFNEndpoint, FFNLayerBatch, FFNSte
 from afd_core.endpoint_context import EndpointContext
 from afd_core.errors import AFDProtocolError
 from afd_core.failures import guarded, guarded_until_closed, layer_of_step
+from afd_core.peer_links import loss_record
 from afd_core.runtime.expert.messages import body_bytes, unpack_body
 from afd_core.runtime.expert.routing import localize
 from afd_core.runtime.messages import headers
@@ -214,13 +215,15 @@ class ExpertFFNEndpoint(FFNEndpoint):
 
     def stats(self) -> dict[str, object]:
         """``{"expert_block": [first, last + 1], "received_rows": {layer: rows},
-        "linked_attention_ranks": [...], "attention_replacements": n}``."""
+        "linked_attention_ranks": [...], "attention_replacements": n,
+        "last_peer_loss": {"error", "unix_time"} | None}``."""
         linked = sorted(r for r, link in self._links.current().items() if link.lost is None)
         return {
             "expert_block": [self._block.start, self._block.stop],
             "received_rows": dict(self.received.rows),
             "linked_attention_ranks": linked,
             "attention_replacements": self._links.replacements,
+            "last_peer_loss": loss_record(self._links.last_loss),
         }
 
     # Transfers -------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from afd_core.connector import FFNEndpoint, FFNLayerBatch, FFNStep
 from afd_core.endpoint_context import EndpointContext
 from afd_core.errors import AFDError, AFDProtocolError
 from afd_core.failures import guarded, guarded_until_closed, layer_of_step
+from afd_core.peer_links import loss_record
 from afd_core.replay_guard import ReplayGuard
 from afd_core.runtime.control.channel import ControlInbox
 from afd_core.runtime.messages.forms import headed
@@ -319,11 +320,15 @@ class P2pFFNEndpoint(FFNEndpoint):
         self._replays.wait_for_stream(what)
 
     def stats(self) -> dict[str, object]:
-        """``{"linked_attention_ranks": [...], "attention_replacements": n}``: the attention
-        ranks linked now, and how many servers took the seat of one that left."""
+        """``{"linked_attention_ranks": [...], "attention_replacements": n,
+        "last_peer_loss": {"error", "unix_time"} | None}``: the attention ranks linked now,
+        how many servers took the seat of one that left, and the last link let go."""
         linked = sorted(r for r, link in self._links.current().items() if link.lost is None)
-        replacements = self._links.replacements
-        return {"linked_attention_ranks": linked, "attention_replacements": replacements}
+        return {
+            "linked_attention_ranks": linked,
+            "attention_replacements": self._links.replacements,
+            "last_peer_loss": loss_record(self._links.last_loss),
+        }
 
     # Step plans ------------------------------------------------------------------------
 

@@ -1,0 +1,93 @@
+"""``GET /afd/status`` on a vLLM API server of either role: AFD readiness for probes.
+
+vLLM's ``/health`` says the engine is alive. An FFN server is healthy as soon as its
+model is loaded, while its FFN rank still waits for the attention ranks; a probe that
+must know whether the rank serves reads ``/afd/status`` instead. Add it to a server with
+vLLM's own flag (every launch that :mod:`afd_core.launch` makes does)::
+
+    --middleware afd_core.http_status.AFDStatusMiddleware
+
+The answer is JSON: ``{"ready": bool, "workers": [...]}``, one record per worker of the
+server (``afd_status`` over vLLM's ``collective_rpc``: :meth:`FFNServer.status
+<afd_ffn.server.FFNServer.status>` on the FFN role; on the attention role whether the AFD
+session is open), with HTTP 200 when every worker is ready and 503 otherwise. A worker
+that does not answer within :data:`STATUS_TIMEOUT_S` (an engine busy in a step that
+waits for a lost peer, a dead engine) gives 503 with ``"error"``; the request never
+waits longer. Other paths pass through untouched.
+
+This module imports no vLLM and no torch: the middleware reads the engine client vLLM's
+API server keeps in ``app.state.engine_client``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+#: The path answered.
+STATUS_PATH = "/afd/status"
+#: The worker method asked, on every worker of the server.
+STATUS_METHOD = "afd_status"
+#: Seconds the answer waits for the workers.
+STATUS_TIMEOUT_S = 5.0
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+async def read_status(engine_client: Any, timeout_s: float | None = None) -> dict[str, Any]:
+    """``{"ready", "workers"}`` from ``engine_client`` (vLLM's ``EngineClient``), or
+    ``{"ready": False, "error"}`` when it has no engine or does not answer within
+    ``timeout_s`` (default :data:`STATUS_TIMEOUT_S`)."""
+    if timeout_s is None:
+        timeout_s = STATUS_TIMEOUT_S
+    if engine_client is None:
+        return {"ready": False, "error": "this API server has no engine"}
+    try:
+        workers = await asyncio.wait_for(
+            engine_client.collective_rpc(STATUS_METHOD), timeout=timeout_s
+        )
+    except TimeoutError:
+        return {"ready": False, "error": f"the workers did not answer within {timeout_s:g} s"}
+    except Exception as exc:  # a dead engine, a worker without afd_status
+        return {"ready": False, "error": f"{type(exc).__name__}: {exc}"}
+    workers = list(workers)
+    ready = bool(workers) and all(bool(w.get("ready")) for w in workers)
+    return {"ready": ready, "workers": workers}
+
+
+class AFDStatusMiddleware:
+    """The ASGI middleware that answers :data:`STATUS_PATH` (module docstring)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope.get("type") != "http" or scope.get("path") != STATUS_PATH:
+            await self.app(scope, receive, send)
+            return
+        if scope.get("method") not in ("GET", "HEAD"):
+            await _respond(send, 405, {"error": f"{STATUS_PATH} answers GET only"})
+            return
+        state = getattr(scope.get("app"), "state", None)
+        body = await read_status(getattr(state, "engine_client", None))
+        await _respond(send, 200 if body["ready"] else 503, body)
+
+
+async def _respond(send: Send, status: int, body: dict[str, Any]) -> None:
+    payload = json.dumps(body).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})
