@@ -14,6 +14,7 @@ import gzip
 import json
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,11 @@ def test_a_profiled_1a1f_window_writes_one_trace_per_role_with_the_afd_ranges(
             stop.set()
             load.join(timeout=300)
         assert status == 0 and decoded
+        (attention_server,) = deployment.attention_servers
+        (ffn_server,) = deployment.ffn_servers
+        attention_metrics = scrape(attention_server.url)
+        ffn_metrics = scrape(ffn_server.url)
+        (ffn_stats,) = deployment.ffn_stats()
     files = sorted(p.name for p in traces.iterdir())
     attention = [p for p in traces.glob("afd-attention0*.pt.trace.json*")]
     ffn = [p for p in traces.glob("afd-ffn0*.pt.trace.json*")]
@@ -118,3 +124,29 @@ def test_a_profiled_1a1f_window_writes_one_trace_per_role_with_the_afd_ranges(
     assert len(engine) == 1, "every step begins on the engine thread"
     assert engine < senders, "no one-stage step's exchange in the trace"
     assert senders - engine, "no stage thread's exchange in the trace (two-stage steps)"
+    # /metrics: vLLM's own families and AFD's, with the counters the workers report.
+    assert any(name.startswith("vllm:") for name, _ in attention_metrics)
+    rank0 = ("attention", "0", "0")
+    steps = attention_metrics[("afd:attention_steps_total", rank0)]
+    two_stage = attention_metrics[("afd:attention_two_stage_steps_total", rank0)]
+    assert 0 < two_stage < steps, (two_stage, steps)
+    assert attention_metrics[("afd:ready", rank0)] == 1
+    ffn0 = ("ffn", "0", "0")
+    ffn_steps = ffn_metrics[("afd:ffn_steps_total", ffn0)]
+    assert 0 < ffn_steps <= ffn_stats["steps"], (ffn_steps, ffn_stats)
+    assert ffn_metrics[("afd:ffn_linked_attention_ranks", ffn0)] == 1
+    assert ffn_metrics[("afd:scrape_ok", ())] == 1
+
+
+def scrape(url: str) -> dict[tuple[str, tuple[str, ...]], float]:
+    """``GET /metrics`` of a server: each sample by its name and its (role, rank, worker)
+    labels (empty where it has none of them)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    return {
+        (s.name, tuple(s.labels[k] for k in ("role", "rank", "worker") if k in s.labels)): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
