@@ -131,6 +131,10 @@ def test_a_profiled_1a1f_window_writes_one_trace_per_role_with_the_afd_ranges(
     two_stage = attention_metrics[("afd:attention_two_stage_steps_total", rank0)]
     assert 0 < two_stage < steps, (two_stage, steps)
     assert attention_metrics[("afd:ready", rank0)] == 1
+    exchanges = attention_metrics[("afd:attention_exchange_seconds_count", rank0)]
+    assert (
+        exchanges >= steps and attention_metrics[("afd:attention_exchange_seconds_sum", rank0)] > 0
+    )
     ffn0 = ("ffn", "0", "0")
     ffn_steps = ffn_metrics[("afd:ffn_steps_total", ffn0)]
     assert 0 < ffn_steps <= ffn_stats["steps"], (ffn_steps, ffn_stats)

@@ -13,7 +13,7 @@ prometheus = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from afd_core.http_status import METRICS_PATH, AFDStatusMiddleware  # noqa: E402
-from afd_core.metrics import FAMILIES, exposition  # noqa: E402
+from afd_core.metrics import FAMILIES, Histogram, exposition  # noqa: E402
 
 FFN = {
     "role": "ffn",
@@ -64,7 +64,8 @@ def test_no_answer_is_scrape_ok_0_alone():
 
 def test_every_family_is_named_once_with_the_prefix():
     names = [f.name for f in FAMILIES]
-    assert len(names) == len(set(names)) and all(f.kind in ("counter", "gauge") for f in FAMILIES)
+    kinds = {f.kind for f in FAMILIES}
+    assert len(names) == len(set(names)) and kinds == {"counter", "gauge", "histogram"}
 
 
 class Engine:
@@ -114,3 +115,19 @@ def test_metrics_keep_vllms_text_and_append_afds():
 def test_a_failed_metrics_answer_passes_unchanged():
     _, start, body = scrape(status=500)
     assert start["status"] == 500 and body == b"vllm:num_requests_running 3.0\n"
+
+
+def test_a_histogram_counts_by_bucket_and_exposes_cumulative_buckets():
+    histogram = Histogram((0.001, 0.01))
+    for value in (0.0005, 0.001, 0.002, 0.5):
+        histogram.observe(value)
+    assert histogram.as_dict() == {"bounds": [0.001, 0.01], "counts": [2, 1, 1], "sum": 0.5035}
+    record = dict(ATTENTION, stats={**ATTENTION["stats"], "exchange_seconds": histogram.as_dict()})
+    found = samples(exposition([record]))
+    name = "afd:attention_exchange_seconds"
+    bucket = [(k, v) for (n, k), v in found.items() if n == f"{name}_bucket"]
+    assert sorted((dict(k)["le"], v) for k, v in bucket) == [
+        ("+Inf", 4.0), ("0.001", 2.0), ("0.01", 3.0)
+    ]  # fmt: skip
+    assert found[(f"{name}_count", labels("attention", 0))] == 4
+    assert found[(f"{name}_sum", labels("attention", 0))] == pytest.approx(0.5035)

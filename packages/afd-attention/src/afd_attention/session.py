@@ -48,11 +48,13 @@ class AttentionSession:
 
     def stats(self) -> dict[str, Any]:
         """``afd_stats``: the steps done, of them those of two stages, the seconds waited
-        for FFN results (:attr:`StepDriver.exchange_wait_s`) and the endpoint's counters."""
+        for FFN results (:attr:`StepDriver.exchange_wait_s`), the histogram of layer
+        exchange times (:attr:`StepDriver.exchange_seconds`) and the endpoint's counters."""
         return {
             "steps": self.driver.completed_steps,
             "two_stage_steps": self.driver.two_stage_steps,
             "exchange_wait_s": self.driver.exchange_wait_s,
+            "exchange_seconds": self.driver.exchange_seconds.as_dict(),
             "endpoint": self.connector.attention.stats(),
         }
 

@@ -47,6 +47,7 @@ from typing import Any, TypeVar
 from afd_core.connector import Connector, ExpertRouting, WireSpec
 from afd_core.errors import AFDProtocolError
 from afd_core.metadata import AFDDPMetadata, AFDStepMetadata, ControlPayload
+from afd_core.metrics import Histogram
 from afd_core.workers.profiling import ATTENTION_BEGIN, ATTENTION_SEND, ATTENTION_WAIT, afd_range
 
 #: Key of the step metadata in ``ForwardContext.additional_kwargs``.
@@ -155,6 +156,9 @@ class StepDriver:
         #: attention rank's idle time in its forwards; with two stages, only the waits of
         #: the stage holding the turn, i.e. while the other stage could not run either).
         self.exchange_wait_s = 0.0
+        #: Seconds of each layer's exchange, from its send to its result received (with
+        #: two stages the other stage's turn included): the ``afd:`` histogram.
+        self.exchange_seconds = Histogram()
 
     @contextmanager
     def dummy_flags(self, flags: StepFlags) -> Iterator[None]:
@@ -271,13 +275,16 @@ class StepDriver:
             )
         logits = router_logits if self._wire.logits_width_at(layer) else None
         endpoint = self._connector.attention
+        sent_at = time.perf_counter()
         with afd_range(ATTENTION_SEND, layer):
             endpoint.send(layer, stage, hidden.contiguous(), router_logits=logits, routing=routing)
         self._after_send()
         waiting_since = time.perf_counter()
         with afd_range(ATTENTION_WAIT, layer):
             out = endpoint.recv(layer, stage)
-        self.exchange_wait_s += time.perf_counter() - waiting_since
+        received_at = time.perf_counter()
+        self.exchange_wait_s += received_at - waiting_since
+        self.exchange_seconds.observe(received_at - sent_at)
         out = self._share_output(out)
         if layer == self._layers[-1]:  # the endpoint took every layer before it, in order
             self._stages_done += 1

@@ -15,18 +15,46 @@ families, their meaning and their PromQL use are in ``docs/metrics.md``;
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 PREFIX = "afd:"
+#: Upper bounds (seconds) of the exchange-time buckets: one layer's exchange, from tens of
+#: microseconds (gloo on one host) to a tenth of a second.
+EXCHANGE_SECONDS_BOUNDS = (
+    25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3,
+)  # fmt: skip
+
+
+class Histogram:
+    """Counts of observations by bucket, cheap enough for a per-layer call: one
+    ``bisect`` and two additions per :meth:`observe` (no lock: one thread observes at a
+    time, readers see counts at most one observation behind)."""
+
+    def __init__(self, bounds: tuple[float, ...] = EXCHANGE_SECONDS_BOUNDS) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last: above every bound
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        """Count ``value``."""
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{"bounds", "counts", "sum"}`` as plain JSON values (``counts`` per bucket,
+        not cumulative; one more than ``bounds``)."""
+        return {"bounds": list(self.bounds), "counts": list(self.counts), "sum": self.sum}
 
 
 @dataclass(frozen=True)
 class Family:
-    """One metric family: its name (without :data:`PREFIX`), ``"counter"`` or
-    ``"gauge"``, the role it belongs to, the ``afd_stats`` key (dotted for nested
-    records, e.g. ``"endpoint.attention_replacements"``) and its help text."""
+    """One metric family: its name (without :data:`PREFIX`), ``"counter"``, ``"gauge"``
+    or ``"histogram"`` (its key holds :meth:`Histogram.as_dict`), the role it belongs
+    to, the ``afd_stats`` key (dotted for nested records, e.g.
+    ``"endpoint.attention_replacements"``) and its help text."""
 
     name: str
     kind: str
@@ -42,6 +70,9 @@ FAMILIES: tuple[Family, ...] = (
            "Steps run as two micro-batch stages"),
     Family("attention_exchange_wait_seconds", "counter", "attention", "exchange_wait_s",
            "Seconds the attention rank waited for FFN results"),
+    Family("attention_exchange_seconds", "histogram", "attention", "exchange_seconds",
+           "One layer's exchange, from its send to its FFN result received (eager steps; "
+           "with two stages the other stage's turn included)"),
     Family("ffn_steps", "counter", "ffn", "steps", "Steps the FFN rank served"),
     Family("ffn_stages", "counter", "ffn", "stages",
            "Stages of the steps served (a two-stage step counts 2)"),
@@ -84,6 +115,19 @@ def _value(record: Mapping[str, Any], key: str) -> float | None:
     return None
 
 
+def _histogram(record: Mapping[str, Any], key: str) -> tuple[list[tuple[str, float]], float] | None:
+    """The cumulative ``(le, count)`` buckets and the sum of the histogram at ``key``."""
+    value = record.get(key)
+    if not isinstance(value, Mapping) or "counts" not in value:
+        return None
+    buckets, total = [], 0
+    bounds = [*(repr(float(b)) for b in value["bounds"]), "+Inf"]
+    for bound, count in zip(bounds, value["counts"], strict=True):
+        total += int(count)
+        buckets.append((bound, float(total)))
+    return buckets, float(value["sum"])
+
+
 def exposition(workers: Iterable[Mapping[str, Any]] | None) -> str:
     """The Prometheus text of the ``afd:`` families for ``workers``: one record per worker,
     ``{"role", "rank", "stats", "status"}`` (``stats`` the worker's ``afd_stats``,
@@ -93,7 +137,17 @@ def exposition(workers: Iterable[Mapping[str, Any]] | None) -> str:
     workers did not answer).
     """
     from prometheus_client import CollectorRegistry, generate_latest
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+    )
+
+    KINDS = {
+        "counter": CounterMetricFamily,
+        "gauge": GaugeMetricFamily,
+        "histogram": HistogramMetricFamily,
+    }
 
     records = None if workers is None else list(workers)
 
@@ -105,16 +159,24 @@ def exposition(workers: Iterable[Mapping[str, Any]] | None) -> str:
             ok.add_metric((), 0.0 if records is None else 1.0)
             yield ok
             for family in FAMILIES if records is not None else ():
-                kind = CounterMetricFamily if family.kind == "counter" else GaugeMetricFamily
+                kind = KINDS[family.kind]
                 labels = ("role", "rank", "worker")
                 metric = kind(PREFIX + family.name, family.help, labels=labels)
                 samples = 0
                 for index, w in enumerate(records or ()):
                     if family.role not in ("any", w["role"]):
                         continue
-                    value = _value({**w["stats"], "status": w["status"]}, family.key)
+                    record = {**w["stats"], "status": w["status"]}
+                    names = (str(w["role"]), str(w["rank"]), str(index))
+                    if family.kind == "histogram":
+                        histogram = _histogram(record, family.key)
+                        if histogram is not None:
+                            metric.add_metric(names, *histogram)
+                            samples += 1
+                        continue
+                    value = _value(record, family.key)
                     if value is not None:
-                        metric.add_metric((str(w["role"]), str(w["rank"]), str(index)), value)
+                        metric.add_metric(names, value)
                         samples += 1
                 if samples:
                     yield metric
