@@ -140,6 +140,9 @@ def test_a_profiled_1a1f_window_writes_one_trace_per_role_with_the_afd_ranges(
     assert 0 < ffn_steps <= ffn_stats["steps"], (ffn_steps, ffn_stats)
     assert ffn_metrics[("afd:ffn_linked_attention_ranks", ffn0)] == 1
     assert ffn_metrics[("afd:scrape_ok", ())] == 1
+    assert ffn_metrics[("afd:ffn_rendezvous_total", ffn0)] == 1
+    assert ffn_metrics[("afd:ffn_rendezvous_seconds_total", ffn0)] > 0
+    assert attention_metrics[("afd:attention_rendezvous_seconds", rank0)] > 0
 
 
 def scrape(url: str) -> dict[tuple[str, tuple[str, ...]], float]:

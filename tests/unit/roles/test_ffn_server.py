@@ -109,6 +109,7 @@ def test_stats_count_steps_stages_layer_batches_and_tokens():
     counters = h.server.stats.as_dict()
     busy_s = counters.pop("busy_s")
     assert 0.0 < busy_s < h.elapsed_s  # the 9 layer batches took some of the run's time
+    assert 0.0 <= counters.pop("rendezvous_s") < h.elapsed_s
     assert counters == {
         "steps": 2,
         "layer_exchanges": 9,

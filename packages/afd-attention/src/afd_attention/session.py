@@ -14,6 +14,7 @@ an attention rank cannot serve without its FFN ranks, and vLLM stops the deploym
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from afd_attention.step_driver import StepDriver
@@ -35,11 +36,17 @@ class AttentionSession:
     """The connector and step driver of one attention worker, installed in the model."""
 
     def __init__(
-        self, connector: Connector, driver: StepDriver, stages: TwoStageForward | None = None
+        self,
+        connector: Connector,
+        driver: StepDriver,
+        stages: TwoStageForward | None = None,
+        rendezvous_s: float = 0.0,
     ) -> None:
         self.connector = connector
         self.driver = driver
         self.stages = stages
+        #: Seconds the rendezvous with the FFN role took (the connector's ``initialize``).
+        self.rendezvous_s = rendezvous_s
 
     @property
     def role_rank(self) -> int:
@@ -49,8 +56,10 @@ class AttentionSession:
     def stats(self) -> dict[str, Any]:
         """``afd_stats``: the steps done, of them those of two stages, the seconds waited
         for FFN results (:attr:`StepDriver.exchange_wait_s`), the histogram of layer
-        exchange times (:attr:`StepDriver.exchange_seconds`) and the endpoint's counters."""
+        exchange times (:attr:`StepDriver.exchange_seconds`), the rendezvous's seconds
+        and the endpoint's counters."""
         return {
+            "rendezvous_s": self.rendezvous_s,
             "steps": self.driver.completed_steps,
             "two_stage_steps": self.driver.two_stage_steps,
             "exchange_wait_s": self.driver.exchange_wait_s,
@@ -96,7 +105,9 @@ class AttentionSession:
                 config.stage_policy, timeout_s=timeout_s, streams=config.stage_streams
             )
         try:
+            started = time.monotonic()
             connector.initialize()
+            rendezvous_s = time.monotonic() - started
             driver = StepDriver(
                 connector,
                 wire,
@@ -120,7 +131,7 @@ class AttentionSession:
             wire.hidden_size,
             wire.dtype,
         )
-        return cls(connector, driver, stages)
+        return cls(connector, driver, stages, rendezvous_s)
 
     def close(self) -> None:
         """Stop routing exchanges here, close the connector (waking any blocked exchange),

@@ -262,8 +262,10 @@ class FFNServer:
     def _run(self) -> None:
         try:
             self._connector.on_peer_lost = functools.partial(self._peer_lost, self._connector)
+            started = time.monotonic()
             self._connector.initialize()
             self.stats.rendezvous += 1
+            self.stats.rendezvous_s += time.monotonic() - started
             self._serving = True
             while (lost := self._serve_until_ended()) is not None:
                 self._rendezvous_again(lost)
@@ -332,6 +334,7 @@ class FFNServer:
                 connector.close()
                 raise AFDShutdown("AFD FFN: stopped while waiting for attention ranks")
             connector.on_peer_lost = functools.partial(self._peer_lost, connector)
+            started = time.monotonic()
             try:
                 connector.initialize()
             except AFDPeerError as exc:  # nobody came within one rendezvous timeout
@@ -344,6 +347,7 @@ class FFNServer:
                     ) from exc
                 continue
             self.stats.rendezvous += 1
+            self.stats.rendezvous_s += time.monotonic() - started
             self._serving = True
             logger.info("AFD FFN rank %d: new attention ranks joined", rank)
             return

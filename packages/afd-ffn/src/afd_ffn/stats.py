@@ -25,7 +25,9 @@ class FFNStats:
     start-up; one more for each new set of attention ranks served after the previous ones
     all left, with a connector that does not replace attention ranks one by one; one that
     does counts its replacements in the endpoint's ``attention_replacements``).
-    ``busy_s``: seconds from each eager layer batch received to its result sent (the
+    ``rendezvous_s``: seconds spent in the rendezvous completed (from each start of the
+    connector's ``initialize`` to its end; failed attempts at a new rendezvous not
+    counted). ``busy_s``: seconds from each eager layer batch received to its result sent (the
     FFN's work on a layer, the reply's copy included); over a window of wall time it
     gives the share the FFN rank worked rather than waited for attention. Written
     only by the server thread; readers see whole numbers (Python int updates are atomic),
@@ -42,6 +44,7 @@ class FFNStats:
     graph_replays: int = 0
     graph_steps_eager: int = 0
     rendezvous: int = 0
+    rendezvous_s: float = 0.0
     work_items: int = 0
     busy_s: float = 0.0
 
