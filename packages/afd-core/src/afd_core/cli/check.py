@@ -21,6 +21,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from afd_core.cli._inputs import EXIT_INVALID, model_dir_problem
 from afd_core.coercion import show
 from afd_core.config import AFDConfig, connector_class, parse_afd_config
 from afd_core.errors import AFDError
@@ -28,8 +29,6 @@ from afd_core.placement import ExpertPlacement
 
 #: ``config.json`` keys that hold the number of routed experts (Qwen3-MoE, DeepSeek).
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
-
-EXIT_INVALID = 2
 
 
 class _CheckError(AFDError):
@@ -66,6 +65,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Validate ``args.config``; print the result (exit 0) or the error (exit 2)."""
+    problem = None if args.model is None else model_dir_problem(Path(args.model), "--model")
+    if problem is None and args.num_experts is not None and args.num_experts < 1:
+        problem = f"--num-experts must be at least 1, got {args.num_experts}"
+    if problem is not None:
+        print(f"error: afd check: {problem}", file=sys.stderr)
+        return EXIT_INVALID
     try:
         config = parse_afd_config(_afd_settings(_load_json(args.config)))
         placement = _placement(config, args)

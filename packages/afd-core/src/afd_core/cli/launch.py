@@ -15,12 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from afd_core.cli._inputs import EXIT_FAILED, EXIT_INVALID, model_dir_problem, port_problem
 from afd_core.errors import AFDConfigError, AFDError, AFDInstallError
 from afd_core.launch import DEFAULT_CONNECTOR, DeploymentSpec, LocalDeployment
 from afd_core.launch.deployment import DEFAULT_START_TIMEOUT_S
-
-EXIT_FAILED = 1
-EXIT_INVALID = 2
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -78,9 +76,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Launch, serve until Ctrl-C/SIGTERM, stop everything; return the exit status."""
-    if not args.model.is_dir():
-        print(f"error: MODEL_DIR {str(args.model)!r} is not a directory", file=sys.stderr)
-        return EXIT_INVALID
+    problems = [model_dir_problem(args.model, "MODEL_DIR")]
+    if args.port is not None:
+        ports = range(args.port, args.port + max(args.num_attention_ranks, 1))
+        problems += [port_problem("127.0.0.1", port, "--port") for port in ports]
+    for problem in problems:
+        if problem is not None:
+            print(f"error: {problem}", file=sys.stderr)
+            return EXIT_INVALID
     spec = DeploymentSpec(
         model=args.model.resolve(),
         num_attention_ranks=args.num_attention_ranks,

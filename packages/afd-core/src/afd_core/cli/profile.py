@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import threading
 import time
 import urllib.error
@@ -23,8 +24,8 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-EXIT_FAILED = 1
-EXIT_INVALID = 2
+from afd_core.cli._inputs import EXIT_FAILED, EXIT_INVALID, url_problem
+
 #: Seconds one start or stop request may take (stopping writes the trace first).
 REQUEST_TIMEOUT_S = 300.0
 
@@ -67,7 +68,7 @@ def post_all(urls: Sequence[str], path: str, body: dict[str, Any] | None) -> lis
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")[:300]
             errors[i] = f"HTTP {exc.code} {detail}".strip()
-        except OSError as exc:
+        except (OSError, ValueError) as exc:
             errors[i] = str(exc)
 
     threads = [threading.Thread(target=post, args=(i,)) for i in range(len(urls))]
@@ -80,9 +81,13 @@ def post_all(urls: Sequence[str], path: str, body: dict[str, Any] | None) -> lis
 
 def run(args: argparse.Namespace) -> int:
     """Start, wait, stop; print what each server did."""
+    problems = [url_problem(url) for url in args.urls]
     if args.seconds <= 0:
-        print(f"error: --seconds must be positive, got {args.seconds:g}")
-        return EXIT_INVALID
+        problems.append(f"--seconds must be positive, got {args.seconds:g}")
+    for problem in problems:
+        if problem is not None:
+            print(f"error: {problem}", file=sys.stderr)
+            return EXIT_INVALID
     body = {"profile_prefix": args.prefix} if args.prefix else None
     started = post_all(args.urls, "/start_profile", body)
     failed = [(url, err) for url, err in zip(args.urls, started, strict=True) if err]
@@ -90,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
         for url, err in failed:
             print(
                 f"error: {url} did not start its profile: {err} (was it started with "
-                "--profiler-config.profiler=torch and a torch_profiler_dir?)"
+                "--profiler-config.profiler=torch and a torch_profiler_dir?)",
+                file=sys.stderr,
             )
         post_all(
             [u for u, e in zip(args.urls, started, strict=True) if not e], "/stop_profile", None
@@ -102,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     status = 0
     for url, err in zip(args.urls, stopped, strict=True):
         if err:
-            print(f"error: {url} did not stop its profile: {err}")
+            print(f"error: {url} did not stop its profile: {err}", file=sys.stderr)
             status = EXIT_FAILED
     if status == 0:
         print("profiles stopped; each server wrote its traces to its torch_profiler_dir")
