@@ -25,6 +25,12 @@ pytestmark = pytest.mark.slow
 
 # Within the tokens the generator measured (and recorded) per prompt.
 MAX_TOKENS = min(16, MEASURED_TOKENS)
+#: vLLM against itself: a step batched differently can move the winning logit by one
+#: bf16 ulp, and with it every logprob of the position by the same amount. Above 32 that
+#: ulp is 0.25 nats, 1.6 % of a logprob near -19 (CI on 0f4892c: tiny-deepseek-v2,
+#: -19.4375 against -19.75, and -20.1875/-22.1875/-22.4375 each 0.25 lower, the top
+#: token at 0.0 in both). So allow four ulps where the AFD comparisons allow two.
+REPEAT_RTOL = 2 * BF16_RTOL
 
 
 @pytest.fixture(scope="module", params=sorted(TINY_MODELS))
@@ -41,7 +47,7 @@ def test_repeated_request_gives_same_tokens_and_bf16_close_logprobs(endpoint: tu
     first = complete(url, PROMPTS, MAX_TOKENS)
     second = complete(url, PROMPTS, MAX_TOKENS)
     assert all(len(c.token_ids) == MAX_TOKENS for c in first)
-    assert first_mismatch(first, second, atol=1e-3, rtol=BF16_RTOL) is None
+    assert first_mismatch(first, second, atol=1e-3, rtol=REPEAT_RTOL) is None
 
 
 def test_every_greedy_choice_wins_by_a_wide_logprob_margin(endpoint: tuple[str, Path]):
