@@ -5,7 +5,8 @@ run vLLM's ``--profiler-config`` (torch profiler); ``afd profile`` frames one
 wall-clock window over both while requests decode; the deployment then shuts down
 cleanly and each role's trace must be complete (readable JSON) and hold that role's
 AFD exchange ranges, the attention's from the engine thread (one-stage steps) and from
-the stage threads (two-stage steps).
+the stage threads (two-stage steps). Both servers' ``/metrics`` hold vLLM's families and
+AFD's, with counts that agree with the workers' ``afd_stats``.
 """
 
 from __future__ import annotations

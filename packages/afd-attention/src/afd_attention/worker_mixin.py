@@ -26,7 +26,7 @@ from typing import Any
 
 from afd_attention.session import AttentionSession, TPFollowerSession, open_session
 from afd_core.errors import AFDError
-from afd_core.workers.all_threads_profiler import AllThreadsProfiler
+from afd_core.workers.all_threads_profiler import worker_profiler
 from afd_core.workers.profiling import trace_prefix
 
 
@@ -79,17 +79,17 @@ class AttentionWorkerMixin:
         self, is_start: bool = True, profile_prefix: str | None = None, **kwargs: Any
     ) -> None:
         """vLLM's ``profile``, naming the trace after this attention rank; with vLLM's
-        ``torch`` profiler, every thread is recorded (:class:`AllThreadsProfiler`, stepped
-        by vLLM's worker once per engine step as its own would be)."""
+        ``torch`` profiler every thread is recorded
+        (:func:`~afd_core.workers.all_threads_profiler.worker_profiler`; vLLM's worker
+        steps it once per engine step, as it would its own)."""
         session = self._afd_session
         if is_start and session is not None:
-            config = self.profiler_config  # type: ignore[attr-defined]
-            if self.profiler is None and config is not None and config.profiler == "torch":  # type: ignore[has-type]
-                self.profiler = AllThreadsProfiler(
-                    config,
-                    worker_name=trace_prefix("attention", session.role_rank),
-                    cuda=self.device.type == "cuda",  # type: ignore[attr-defined]
-                )
+            self.profiler = worker_profiler(
+                self.profiler,  # type: ignore[has-type]
+                self.profiler_config,  # type: ignore[attr-defined]
+                trace_prefix("attention", session.role_rank),
+                self.device,  # type: ignore[attr-defined]
+            )
             profile_prefix = trace_prefix("attention", session.role_rank, profile_prefix)
         super().profile(is_start, profile_prefix, **kwargs)  # type: ignore[misc]
 

@@ -49,45 +49,46 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-async def read_status(engine_client: Any, timeout_s: float | None = None) -> dict[str, Any]:
-    """``{"ready", "workers"}`` from ``engine_client`` (vLLM's ``EngineClient``), or
-    ``{"ready": False, "error"}`` when it has no engine or does not answer within
-    ``timeout_s`` (default :data:`STATUS_TIMEOUT_S`)."""
-    if timeout_s is None:
-        timeout_s = STATUS_TIMEOUT_S
+class _NoAnswer(Exception):
+    """The workers gave no answer (its text says why)."""
+
+
+async def _ask_workers(engine_client: Any, *methods: str) -> list[list[dict[str, Any]]]:
+    """Every worker's answer to each of ``methods``, asked at once and bounded by
+    :data:`STATUS_TIMEOUT_S`; _NoAnswer when there is no engine or no answer in time."""
     if engine_client is None:
-        return {"ready": False, "error": "this API server has no engine"}
+        raise _NoAnswer("this API server has no engine")
+    timeout_s = STATUS_TIMEOUT_S
     try:
-        workers = await asyncio.wait_for(
-            engine_client.collective_rpc(STATUS_METHOD), timeout=timeout_s
+        answers = await asyncio.wait_for(
+            asyncio.gather(*(engine_client.collective_rpc(m) for m in methods)), timeout_s
         )
     except TimeoutError:
-        return {"ready": False, "error": f"the workers did not answer within {timeout_s:g} s"}
-    except Exception as exc:  # a dead engine, a worker without afd_status
-        return {"ready": False, "error": f"{type(exc).__name__}: {exc}"}
-    workers = list(workers)
+        raise _NoAnswer(f"the workers did not answer within {timeout_s:g} s") from None
+    except Exception as exc:  # a dead engine, a worker without the method
+        raise _NoAnswer(f"{type(exc).__name__}: {exc}") from exc
+    return [list(answer) for answer in answers]
+
+
+async def read_status(engine_client: Any) -> dict[str, Any]:
+    """``{"ready", "workers"}`` from ``engine_client`` (vLLM's ``EngineClient``), or
+    ``{"ready": False, "error"}`` when the workers do not answer (:func:`_ask_workers`)."""
+    try:
+        (workers,) = await _ask_workers(engine_client, STATUS_METHOD)
+    except _NoAnswer as exc:
+        return {"ready": False, "error": str(exc)}
     ready = bool(workers) and all(bool(w.get("ready")) for w in workers)
     return {"ready": ready, "workers": workers}
 
 
-async def read_metrics(engine_client: Any, timeout_s: float | None = None) -> str:
+async def read_metrics(engine_client: Any) -> str:
     """The ``afd:`` Prometheus text of ``engine_client``'s workers (their ``afd_stats``
-    and ``afd_status``), ``afd:scrape_ok`` 0 alone when they do not answer in time."""
+    and ``afd_status``), ``afd:scrape_ok`` 0 alone when they do not answer."""
     from afd_core.metrics import exposition
 
-    if timeout_s is None:
-        timeout_s = STATUS_TIMEOUT_S
-    if engine_client is None:
-        return exposition(None)
     try:
-        stats, status = await asyncio.wait_for(
-            asyncio.gather(
-                engine_client.collective_rpc(STATS_METHOD),
-                engine_client.collective_rpc(STATUS_METHOD),
-            ),
-            timeout=timeout_s,
-        )
-    except Exception:  # a timeout, a dead engine: the scrape says so in afd:scrape_ok
+        stats, status = await _ask_workers(engine_client, STATS_METHOD, STATUS_METHOD)
+    except _NoAnswer:
         return exposition(None)
     workers = [
         {

@@ -219,9 +219,6 @@ class FFNServer:
             state = "stopped"
         else:
             state = "serving" if self._serving else "waiting for attention ranks"
-        loss = self._last_loss
-        if loss is None and (lost_link := endpoint.get("last_peer_loss")) is not None:
-            loss = (str(lost_link["error"]), float(lost_link["unix_time"]))
         error = self.error
         return {
             "role": "ffn",
@@ -232,7 +229,7 @@ class FFNServer:
             "linked_attention_ranks": linked,
             "attention_replacements": endpoint.get("attention_replacements"),
             "expert_block": endpoint.get("expert_block"),
-            "last_peer_loss": loss_record(loss),
+            "last_peer_loss": loss_record(self._last_loss) or endpoint.get("last_peer_loss"),
             "error": None if error is None else f"{describe_failure(error)}: {error}",
         }
 

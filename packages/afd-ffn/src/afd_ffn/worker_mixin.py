@@ -31,7 +31,7 @@ from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.worker.worker_base import CompilationTimes
 
 from afd_core.errors import AFDError
-from afd_core.workers.all_threads_profiler import AllThreadsProfiler
+from afd_core.workers.all_threads_profiler import worker_profiler
 from afd_core.workers.profiling import trace_prefix
 from afd_ffn.server import FFNServer, open_ffn_server
 
@@ -94,15 +94,14 @@ class FFNWorkerMixin:
 
         Only vLLM's ``torch`` profiler is supported on this role (checked at start-up).
         """
-        config = self.profiler_config  # type: ignore[attr-defined]
         server = self._afd_server
         if is_start and server is not None:
-            if self.profiler is None and config is not None and config.profiler == "torch":  # type: ignore[has-type]
-                self.profiler = AllThreadsProfiler(
-                    config,
-                    worker_name=trace_prefix("ffn", server.role_rank),
-                    cuda=self.device.type == "cuda",  # type: ignore[attr-defined]
-                )
+            self.profiler = worker_profiler(
+                self.profiler,  # type: ignore[has-type]
+                self.profiler_config,  # type: ignore[attr-defined]
+                trace_prefix("ffn", server.role_rank),
+                self.device,  # type: ignore[attr-defined]
+            )
             profile_prefix = trace_prefix("ffn", server.role_rank, profile_prefix)
         super().profile(is_start, profile_prefix, **kwargs)  # type: ignore[misc]
 

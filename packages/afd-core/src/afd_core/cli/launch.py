@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     problems = [model_dir_problem(args.model, "MODEL_DIR")]
     if args.port is not None:
         ports = range(args.port, args.port + max(args.num_attention_ranks, 1))
-        problems += [port_problem("127.0.0.1", port, "--port") for port in ports]
+        problems += [port_problem(DeploymentSpec.host, port, "--port") for port in ports]
     for problem in problems:
         if problem is not None:
             print(f"error: {problem}", file=sys.stderr)

@@ -103,3 +103,18 @@ class AllThreadsProfiler(WorkerProfiler):
         if self._uses_schedule and self.profiler is not None:
             self.profiler.step()
         return True
+
+
+def worker_profiler(
+    current: WorkerProfiler | None,
+    config: ProfilerConfig | None,
+    worker_name: str,
+    device: torch.device,
+) -> WorkerProfiler | None:
+    """The profiler a role worker should hold before ``/start_profile``: ``current`` when
+    there is one or ``config`` names no ``torch`` profiler (vLLM then makes its own), else
+    a new :class:`AllThreadsProfiler` named ``worker_name``, recording CUDA activity on a
+    CUDA ``device``."""
+    if current is not None or config is None or config.profiler != "torch":
+        return current
+    return AllThreadsProfiler(config, worker_name=worker_name, cuda=device.type == "cuda")
