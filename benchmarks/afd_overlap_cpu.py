@@ -10,9 +10,10 @@ stage count pays:
    P2P connector over gloo with every data message held ``delay_us`` before it is sent,
    so a layer's round trip gains 2 x D) into this environment, replacing an older copy;
 2. builds its model unless ``--model`` names a model directory: a random Qwen3-MoE whose
-   layers are attention-heavy (hidden 1024, 16 heads of 64, 4 layers; 8 experts top-2 of
-   width 64), since two stages can hide only the part of a round trip by which a
-   stage's attention outlasts it (docs/performance.md);
+   layers are attention-heavy (hidden 1024, 16 heads of 64, ``--layers`` layers, 8 by
+   default; 8 experts top-2 of width 64), since two stages can hide only the part of a
+   round trip by which a stage's attention outlasts it, and never the last stage's last
+   layer (docs/performance.md);
 3. starts AFD 1A1F with one and with two stages (``stage_*_token_threshold``
    ``--stage-threshold``), each role's whole process tree pinned to its own CPU
    (``--attention-cpu``, ``--ffn-cpu``; OpenMP bound there too), and prints the CPUs
@@ -66,6 +67,8 @@ CONNECTOR = "DelayedGlooP2pConnector"
 DELAYS_US = (0, 250, 500)
 CONCURRENCY = 16
 MAX_TOKENS = 64
+#: Decoder layers of the built model (see ``--layers``).
+LAYERS = 8
 ROUNDS = 3
 STAGE_THRESHOLD = 2
 START_TIMEOUT_S = 300.0
@@ -78,6 +81,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, help="a model directory (default: build)")
     parser.add_argument("--work-dir", type=Path, help="keep the model and server logs here")
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=LAYERS,
+        help="decoder layers of the built model: the last layer's round trip of the last "
+        "stage is never hidden, so at most 1 - 1/layers of the delay can hide",
+    )
     parser.add_argument("--delays-us", type=int, nargs="+", default=list(DELAYS_US))
     parser.add_argument("--concurrency", type=int, default=CONCURRENCY)
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
@@ -107,7 +117,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sleep_instead_of_spinning(args.vllm_spin_sleep_us)
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="afd-overlap-"))
     work_dir.mkdir(parents=True, exist_ok=True)
-    model = args.model or build_attention_heavy_model(work_dir / "models" / MODEL)
+    model = args.model or build_attention_heavy_model(
+        work_dir / "models" / f"{MODEL}-{args.layers}l", args.layers
+    )
     layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
     windows: dict[tuple[int, int], list[Window]] = {}
     from afd_delay_plugin.delaying import DelaySetting
@@ -140,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def build_attention_heavy_model(out: Path) -> Path:
+def build_attention_heavy_model(out: Path, layers: int = LAYERS) -> Path:
     """Write the benchmark's random attention-heavy Qwen3-MoE (bf16) to ``out``, with the
     tiny models' tokenizer; returns ``out``. Its tokens mean nothing: only time is read."""
     if (out / "config.json").exists():
@@ -153,7 +165,7 @@ def build_attention_heavy_model(out: Path) -> Path:
     tokenizer = build_tokenizer(0)
     config = transformers.Qwen3MoeConfig(
         hidden_size=1024, intermediate_size=1024, moe_intermediate_size=64,
-        num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+        num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
         num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1, vocab_size=1024,
         max_position_embeddings=512, tie_word_embeddings=False,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,

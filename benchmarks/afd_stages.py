@@ -27,10 +27,11 @@ vLLM, at several concurrencies, in one run; each AFD role's busy fraction.
    ratios, and the load average at the start and the end; stops every server.
 
 With ``--gpu`` every server runs on this host's CUDA GPU (both AFD roles share it, over
-gloo), with the V1 runner (two stages need it) and the gpu-harness's engine arguments
-(``$GPU_HARNESS_SETTINGS``, as the CUDA end-to-end tests read them), and a fourth
-deployment runs two stages with ``"stage_streams": "per-stage"`` (each stage on a CUDA
-stream of its own) beside the default (``"shared"``: both on the worker's stream).
+gloo), with the runner ``--runner`` names (V1 by default, or Model Runner V2) and the
+gpu-harness's engine arguments (``$GPU_HARNESS_SETTINGS``, as the CUDA end-to-end tests
+read them); with the V1 runner a fourth deployment runs two stages with
+``"stage_streams": "per-stage"`` (each stage on a CUDA stream of its own) beside the
+default (``"shared"``: both on the worker's stream).
 
 Usage (docs/performance.md has the figures and the reasons for the environment)::
 
@@ -138,8 +139,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--vllm-bench", action="store_true", help="also run vLLM's own benchmark client"
     )
+    parser.add_argument("--gpu", action="store_true", help="serve on the CUDA GPU (harness args)")
     parser.add_argument(
-        "--gpu", action="store_true", help="serve on the CUDA GPU (V1 runner, harness args)"
+        "--runner",
+        choices=("v1", "v2"),
+        default="v1",
+        help="with --gpu: vLLM's V1 runner (and a per-stage-streams deployment) or Model "
+        "Runner V2 (two stages through vLLM's micro-batch runner, shared stream)",
     )
     args = parser.parse_args(argv)
     if args.max_tokens < 2:
@@ -153,7 +159,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = args.model or build_tiny_model(work_dir / "models", MODEL)
     max_num_seqs = max(args.concurrency)
     with ExitStack() as stack:
-        targets = _start(stack, model, work_dir, max_num_seqs, args.stage_threshold, args.gpu)
+        targets = _start(
+            stack, model, work_dir, max_num_seqs, args.stage_threshold, args.gpu and args.runner
+        )
         for target in targets:  # warm-up: a server's first requests are slower
             measure_window(target, max_num_seqs, 8)
         windows = _measure(targets, args.concurrency, args.rounds, args.max_tokens)
@@ -173,11 +181,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _start(
-    stack: ExitStack, model: Path, work_dir: Path, max_num_seqs: int, threshold: int, gpu: bool
+    stack: ExitStack,
+    model: Path,
+    work_dir: Path,
+    max_num_seqs: int,
+    threshold: int,
+    gpu_runner: str | bool,
 ) -> list[Target]:
-    """Start the three deployments (stopped when ``stack`` closes)."""
+    """Start the deployments (stopped when ``stack`` closes); ``gpu_runner`` is
+    ``"v1"``/``"v2"`` on CUDA, False on CPU."""
     logs, cache_root = work_dir / "logs", work_dir / "vllm-cache"
-    args, env = _gpu_settings() if gpu else ((), {})
+    args, env = _gpu_settings(gpu_runner) if gpu_runner else ((), {})
     (port,) = free_ports(1)
     monolithic = VllmServer(
         ServerSpec(
@@ -197,7 +211,7 @@ def _start(
         Target(MONOLITHIC, monolithic.url, monolithic.spec.model_name, {"mono": monolithic.pid})
     ]
     afd = [(ONE_STAGE, 1, None), (TWO_STAGES, 2, None)]
-    if gpu:
+    if gpu_runner == "v1":  # Model Runner V2 runs both stages on one stream
         afd.append((TWO_STAGES_PER_STAGE, 2, "per-stage"))
     for label, num_stages, stage_streams in afd:
         spec = DeploymentSpec(
@@ -221,12 +235,12 @@ def _start(
     return targets
 
 
-def _gpu_settings() -> tuple[tuple[str, ...], dict[str, str]]:
+def _gpu_settings(runner: str) -> tuple[tuple[str, ...], dict[str, str]]:
     """The command-line arguments and environment of every server with ``--gpu``."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.e2e_gpu.gpu_settings import server_args
 
-    return server_args(), {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+    return server_args(), {"VLLM_USE_V2_MODEL_RUNNER": "1" if runner == "v2" else "0"}
 
 
 def _measure(

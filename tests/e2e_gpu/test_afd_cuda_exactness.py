@@ -84,8 +84,9 @@ class Case:
     graphs: bool = False
     graph_mode: str = "FULL_DECODE_ONLY"
     model: str = QWEN
-    #: 2: two stages per step (V1 runner, eager, gloo data plane), thresholds low enough
-    #: that the prompt batch's steps split.
+    #: 2: two stages per step (eager; V1: the plugin's split at a request boundary, V2:
+    #: vLLM's micro-batch runner and its midpoint cut), thresholds low enough that the
+    #: prompt batch's steps split.
     num_stages: int = 1
 
     @property
@@ -145,6 +146,12 @@ CASES = [
     Case("v1", gate_on_attention=True, connector=M2N_GLOO, num_stages=2),
     Case("v1", gate_on_attention=False, connector=NCCL, num_stages=2),
     Case("v1", gate_on_attention=True, connector=NCCL, model=DEEPSEEK, num_stages=2),
+    # Two stages per step on Model Runner V2 (vLLM's micro-batch runner at DP 1), eagerly.
+    Case("v2", gate_on_attention=False, num_stages=2),
+    Case("v2", gate_on_attention=True, model=DEEPSEEK, num_stages=2),
+    Case("v2", gate_on_attention=True, connector=M2N_GLOO, num_stages=2),
+    Case("v2", gate_on_attention=True, model=WIDE_QWEN, num_stages=2),
+    Case("v2", gate_on_attention=False, connector=NCCL, num_stages=2),
     # The wide family over gloo on one GPU: both runners and gates, one and two stages,
     # expert-routed too (two FFN ranks of eight experts each).
     Case("v2", gate_on_attention=False, model=WIDE_QWEN),

@@ -127,16 +127,20 @@ def test_graphs_with_parallel_attention_are_refused(size: str) -> None:
 # The attention role's limits on two stages ----------------------------------------------------
 
 
-def test_two_stages_run_on_the_cpu_runner_and_the_cuda_v1_runner_eagerly() -> None:
+def test_two_stages_run_on_the_cpu_runner_and_both_cuda_runners_eagerly() -> None:
     check_connector(TWO, Eager, AttentionDeployment("cpu"))
     check_connector(TWO, Eager, cuda())
+    check_connector(TWO, Eager, cuda(use_v2_model_runner=True))
+    check_connector(config(num_stages=2, stage_streams="per-stage"), Eager, cuda())
 
 
-def test_two_stages_on_model_runner_v2_are_refused_naming_the_switch() -> None:
-    message = refused(Eager, TWO, cuda(use_v2_model_runner=True))
-    assert "num_stages 2 runs on vLLM's V1 runner" in message
-    assert "AFDAttentionCUDAModelRunner" in message and "VLLM_USE_V2_MODEL_RUNNER=0" in message
-    assert message.endswith('set "num_stages": 1 on both roles')
+def test_per_stage_streams_on_model_runner_v2_are_refused_naming_the_shared_cut() -> None:
+    message = refused(
+        Eager, config(num_stages=2, stage_streams="per-stage"), cuda(use_v2_model_runner=True)
+    )
+    assert '"stage_streams": "per-stage" runs on vLLM\'s V1 runner only' in message
+    assert "inside a prefill chunk" in message
+    assert '"shared"' in message and "VLLM_USE_V2_MODEL_RUNNER=0" in message
 
 
 def test_two_stages_under_cuda_graphs_are_refused_before_the_graph_rules() -> None:

@@ -9,7 +9,7 @@ subclass such as ``CPUModelRunner``). It gives every forward of the runner an AF
   capture) calls the model directly, so it only labels the forward: the exchange op
   begins the step lazily at the first layer, with these flags.
 
-Two stages per step (``"num_stages": 2``, the V1 mixin only): for a scheduled batch,
+Two stages per step (``"num_stages": 2``) on the V1 runners: for a scheduled batch,
 ``_build_attention_metadata`` asks :class:`~afd_attention.two_stages.TwoStageForward`
 where the batch splits and, when it does, builds each stage's attention metadata through
 vLLM's per-micro-batch path (``ubatch_slices``, one metadata builder per stage); then
@@ -22,7 +22,9 @@ Mix :class:`AttentionRunnerV2Mixin` in front of Model Runner V2
 opens the forward context inside ``execute_model`` right before the model runs, so no
 step can begin before it; ``execute_model`` labels the forward instead (scheduled, or a
 profile run) and the exchange op begins the step at the first layer with the token count
-the model sees. ``capture_model`` labels the capture forwards.
+the model sees. ``capture_model`` labels the capture forwards. Two stages per step run
+there through vLLM's own micro-batch runner (:mod:`afd_attention.runner_v2_stages`), set
+up after vLLM's ``initialize_kv_cache``.
 
 CUDA graphs (``FULL``/``FULL_DECODE_ONLY``): the capture forward runs the model's Python
 on a capturing stream, so the exchange op begins a capture step by itself. A replay runs
@@ -283,7 +285,28 @@ class AttentionRunnerMixin(AttentionRunnerCore):
 
 
 class AttentionRunnerV2Mixin(_DriverHolder):
-    """Labels every forward of vLLM's Model Runner V2 for the AFD step it begins."""
+    """Labels every forward of vLLM's Model Runner V2 for the AFD step it begins; with
+    two stages per step, runs split batches through vLLM's micro-batch runner
+    (:mod:`afd_attention.runner_v2_stages`)."""
+
+    #: True while ``execute_model`` runs a scheduled forward (only those may split).
+    afd_scheduled_forward: bool = False
+
+    def initialize_kv_cache(self, *args: Any, **kwargs: Any) -> None:
+        """vLLM's ``initialize_kv_cache``; then, with two stages per step, the stage runner."""
+        super().initialize_kv_cache(*args, **kwargs)  # type: ignore[misc]
+        stages = self.afd_stages
+        if stages is None:
+            return
+        driver = self._afd_require_driver()
+        if not isinstance(driver, StepDriver):
+            raise AFDError(
+                "AFD attention runner: two stages per step with attention tensor parallelism; "
+                'set "num_stages": 1 on both roles'
+            )
+        from afd_attention.runner_v2_stages import install_stage_runner
+
+        install_stage_runner(self, driver, stages)
 
     def execute_model(self, *args: Any, **kwargs: Any) -> Any:
         """Run vLLM's ``execute_model`` with its forward labelled (see the module docstring).
@@ -295,8 +318,12 @@ class AttentionRunnerV2Mixin(_DriverHolder):
         flags = execute_model_flags(execute_model, args, kwargs)
         if flags is None:
             return execute_model(*args, **kwargs)
-        with self._afd_require_driver().dummy_flags(flags):
-            return execute_model(*args, **kwargs)
+        self.afd_scheduled_forward = flags is SCHEDULED
+        try:
+            with self._afd_require_driver().dummy_flags(flags):
+                return execute_model(*args, **kwargs)
+        finally:
+            self.afd_scheduled_forward = False
 
     def capture_model(self, *args: Any, **kwargs: Any) -> Any:
         """Capture vLLM's CUDA graphs with their forwards labelled as capture steps.

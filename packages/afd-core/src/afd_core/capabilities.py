@@ -187,8 +187,9 @@ def _check_cuda_graphs(name: str, caps: Capabilities, deployment: AttentionDeplo
 
 def _check_stages(config: AFDConfig, deployment: AttentionDeployment) -> None:
     """Two stages per step run on vLLM's V1 runners (the CPU worker's ``CPUModelRunner``,
-    and on CUDA ``AFDAttentionCUDAModelRunnerV1`` with ``VLLM_USE_V2_MODEL_RUNNER=0``),
-    eagerly and without data or tensor parallelism, not on Ascend NPU."""
+    and on CUDA ``AFDAttentionCUDAModelRunnerV1`` with ``VLLM_USE_V2_MODEL_RUNNER=0``)
+    and on Model Runner V2 (with the ``"shared"`` stage stream), eagerly and without data
+    or tensor parallelism, not on Ascend NPU."""
     if config.num_stages == 1:
         return
     prefix = f"AFD config: num_stages {config.num_stages}"
@@ -199,12 +200,14 @@ def _check_stages(config: AFDConfig, deployment: AttentionDeployment) -> None:
             "token count (num_tokens_padded) to each forward, and each stage of a split step "
             'would need its own; set "num_stages": 1 on both roles'
         )
-    if platform == "cuda" and deployment.use_v2_model_runner:
+    if platform == "cuda" and deployment.use_v2_model_runner and config.stage_streams != "shared":
         raise AFDConfigError(
-            f"{prefix} runs on vLLM's V1 runner only; Model Runner V2 "
-            "(AFDAttentionCUDAModelRunner, vLLM's CUDA default) runs one stage per step: "
-            'start the attention servers with VLLM_USE_V2_MODEL_RUNNER=0, or set "num_stages": '
-            "1 on both roles"
+            f'{prefix} with "stage_streams": "{config.stage_streams}" runs on vLLM\'s V1 '
+            "runner only: Model Runner V2 cuts a step where vLLM's micro-batching does, "
+            "possibly inside a prefill chunk whose second part reads the KV cache the first "
+            "part writes in the same step, so both stages queue on one stream; use "
+            '"stage_streams": "shared", or start the attention servers with '
+            "VLLM_USE_V2_MODEL_RUNNER=0"
         )
     if platform == "cuda" and deployment.cudagraph_mode != "NONE":
         raise AFDConfigError(
