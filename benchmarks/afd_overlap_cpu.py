@@ -10,10 +10,10 @@ stage count pays:
    P2P connector over gloo with every data message held ``delay_us`` before it is sent,
    so a layer's round trip gains 2 x D) into this environment, replacing an older copy;
 2. builds its model unless ``--model`` names a model directory: a random Qwen3-MoE whose
-   layers are attention-heavy (hidden 1024, 16 heads of 64, ``--layers`` layers, 8 by
-   default; 8 experts top-2 of width 64), since two stages can hide only the part of a
-   round trip by which a stage's attention outlasts it, and never the last stage's last
-   layer (docs/performance.md);
+   layers are attention-heavy (hidden ``--hidden``, 1024 by default, in heads of 64;
+   ``--layers`` layers, 8 by default; 8 experts top-2 of width 64), since two stages can
+   hide only the part of a round trip by which a stage's attention outlasts it, and
+   never the last stage's last layer (docs/performance.md);
 3. starts AFD 1A1F with one and with two stages (``stage_*_token_threshold``
    ``--stage-threshold``), each role's whole process tree pinned to its own CPU
    (``--attention-cpu``, ``--ffn-cpu``; OpenMP bound there too), and prints the CPUs
@@ -67,8 +67,11 @@ CONNECTOR = "DelayedGlooP2pConnector"
 DELAYS_US = (0, 250, 500)
 CONCURRENCY = 16
 MAX_TOKENS = 64
-#: Decoder layers of the built model (see ``--layers``).
+#: An upper bound of a benchmark prompt's tokens (afd_stages.PROMPT with its number).
+PROMPT_TOKENS = 64
+#: Decoder layers and hidden size of the built model (``--layers``, ``--hidden``).
 LAYERS = 8
+HIDDEN = 1024
 ROUNDS = 3
 STAGE_THRESHOLD = 2
 START_TIMEOUT_S = 300.0
@@ -81,6 +84,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, help="a model directory (default: build)")
     parser.add_argument("--work-dir", type=Path, help="keep the model and server logs here")
+    parser.add_argument(
+        "--hidden",
+        type=int,
+        default=HIDDEN,
+        help="hidden size of the built model (heads of 64, a quarter as many KV heads): a "
+        "wider model has more attention per stage and layer to hide a delay behind",
+    )
     parser.add_argument(
         "--layers",
         type=int,
@@ -118,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="afd-overlap-"))
     work_dir.mkdir(parents=True, exist_ok=True)
     model = args.model or build_attention_heavy_model(
-        work_dir / "models" / f"{MODEL}-{args.layers}l", args.layers
+        work_dir / "models" / f"{MODEL}-h{args.hidden}-{args.layers}l", args.hidden, args.layers
     )
     layers = json.loads((model / "config.json").read_text())["num_hidden_layers"]
     windows: dict[tuple[int, int], list[Window]] = {}
@@ -152,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def build_attention_heavy_model(out: Path, layers: int = LAYERS) -> Path:
+def build_attention_heavy_model(out: Path, hidden: int = HIDDEN, layers: int = LAYERS) -> Path:
     """Write the benchmark's random attention-heavy Qwen3-MoE (bf16) to ``out``, with the
     tiny models' tokenizer; returns ``out``. Its tokens mean nothing: only time is read."""
     if (out / "config.json").exists():
@@ -164,8 +174,9 @@ def build_attention_heavy_model(out: Path, layers: int = LAYERS) -> Path:
 
     tokenizer = build_tokenizer(0)
     config = transformers.Qwen3MoeConfig(
-        hidden_size=1024, intermediate_size=1024, moe_intermediate_size=64,
-        num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+        hidden_size=hidden, intermediate_size=1024, moe_intermediate_size=64,
+        num_hidden_layers=layers, num_attention_heads=hidden // 64,
+        num_key_value_heads=hidden // 256, head_dim=64,
         num_experts=8, num_experts_per_tok=2, decoder_sparse_step=1, vocab_size=1024,
         max_position_embeddings=512, tie_word_embeddings=False,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
@@ -205,6 +216,8 @@ def _start(
         connector=CONNECTOR,
         connector_extra_config={"delay_file": str(delay_file)},
         max_num_seqs=args.concurrency,
+        # Room for every request at once: a smaller cache would run them in waves.
+        role_args={"attention": ("--kv-cache-memory-bytes", str(kv_cache_bytes(model, args)))},
         num_stages=stages,
         stage_decode_token_threshold=args.stage_threshold if stages == 2 else None,
         stage_prefill_token_threshold=args.stage_threshold if stages == 2 else None,
@@ -218,6 +231,16 @@ def _start(
         allowed = sorted({_allowed_cpus(p) for p in session_processes(pid or 0)})
         print(f"  {label} {name}: its processes may run on CPUs {allowed}")
     return Target(label, deployment.endpoint, deployment.model_name, sessions, deployment)
+
+
+def kv_cache_bytes(model: Path, args: argparse.Namespace) -> int:
+    """Twice the KV cache that ``args.concurrency`` requests of the benchmark's length need
+    (prompt, at most ``PROMPT_TOKENS``, and ``args.max_tokens``), at least vLLM's block."""
+    config = json.loads((model / "config.json").read_text())
+    per_token = (
+        config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * config["head_dim"] * 2
+    )
+    return max(2 * args.concurrency * (PROMPT_TOKENS + args.max_tokens) * per_token, 64 << 20)
 
 
 def _allowed_cpus(pid: int) -> str:

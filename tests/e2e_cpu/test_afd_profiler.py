@@ -139,6 +139,9 @@ def test_a_profiled_1a1f_window_writes_one_trace_per_role_with_the_afd_ranges(
     ffn0 = ("ffn", "0", "0")
     ffn_steps = ffn_metrics[("afd:ffn_steps_total", ffn0)]
     assert 0 < ffn_steps <= ffn_stats["steps"], (ffn_steps, ffn_stats)
+    # One attention rank: its tokens are all the FFN rank's (one snapshot per scrape).
+    by_rank = ffn_metrics[("afd:ffn_attention_rank_tokens_total", ffn0)]
+    assert 0 < by_rank == ffn_metrics[("afd:ffn_tokens_total", ffn0)] <= ffn_stats["tokens"]
     assert ffn_metrics[("afd:ffn_linked_attention_ranks", ffn0)] == 1
     assert ffn_metrics[("afd:scrape_ok", ())] == 1
     assert ffn_metrics[("afd:ffn_rendezvous_total", ffn0)] == 1

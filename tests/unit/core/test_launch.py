@@ -138,6 +138,27 @@ def test_role_cpus_bind_each_role_to_its_cpus_and_its_openmp_threads_there():
     assert all(server.cpus == () for server in unpinned)
 
 
+def test_rank_gpus_put_each_server_of_a_role_on_its_own_gpu_over_the_role_env():
+    spec = DeploymentSpec(
+        model=Path("/m"),
+        connector="FakeP2P",
+        num_attention_ranks=2,
+        role_env={"attention": {"CUDA_VISIBLE_DEVICES": "7"}, "ffn": {"X": "1"}},
+        rank_gpus={"attention": ("0", "1"), "ffn": ("2",)},
+    )
+    servers = spec.server_specs(29700, [9000, 9001], [9100])
+    env = {s.name: s.environment({}, Path("/t"), Path("/c")) for s in servers}
+    assert [env[n]["CUDA_VISIBLE_DEVICES"] for n in ("attention-0", "attention-1", "ffn-0")] == [
+        "0",
+        "1",
+        "2",
+    ]
+    assert env["ffn-0"]["X"] == "1"
+    short = DeploymentSpec(model=Path("/m"), connector="FakeP2P", rank_gpus={"ffn": ("0", "1")})
+    with pytest.raises(ValueError, match=r"rank_gpus\['ffn'\] names 2 GPU\(s\) for 1 ffn"):
+        short.server_specs(29700, [9000], [9100])
+
+
 def test_a_server_spec_refuses_repeated_or_negative_cpus():
     for cpus in ((0, 0), (-1,)):
         with pytest.raises(ValueError, match="distinct CPU numbers"):

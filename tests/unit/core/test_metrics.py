@@ -19,6 +19,7 @@ FFN = {
     "role": "ffn",
     "rank": 1,
     "stats": {"steps": 7, "busy_s": 0.25, "rendezvous": 1,
+              "tokens_by_attention_rank": {"0": 40, "1": 24},
               "endpoint": {"attention_replacements": 2, "linked_attention_ranks": [0, 1]}},
     "status": {"ready": True, "linked_attention_ranks": [0, 1]},
 }  # fmt: skip
@@ -51,6 +52,9 @@ def test_each_worker_gets_the_families_of_its_role_with_its_values():
     assert ffn[("afd:ffn_linked_attention_ranks", labels("ffn", 1))] == 2
     assert ffn[("afd:ready", labels("ffn", 1))] == 1
     assert ffn[("afd:scrape_ok", ())] == 1
+    for attention_rank, tokens in (("0", 40), ("1", 24)):
+        by = tuple(sorted((*labels("ffn", 1), ("attention_rank", attention_rank))))
+        assert ffn[("afd:ffn_attention_rank_tokens_total", by)] == tokens
     assert not any(name.startswith("afd:attention_") for name, _ in ffn)
     attention = samples(exposition([ATTENTION]))
     assert attention[("afd:attention_two_stage_steps_total", labels("attention", 0))] == 4

@@ -105,7 +105,7 @@ def test_without_a_compute_device_the_ffn_gets_the_received_tensors_as_they_are(
 
 def test_stats_count_steps_stages_layer_batches_and_tokens():
     h = Harness()
-    h.run_until_closed(ffn_step(0, 5), ffn_step(1, 1, 2))
+    h.run_until_closed(ffn_step(0, 5), ffn_step(1, 1, 2, attention_rank=1))
     counters = h.server.stats.as_dict()
     busy_s = counters.pop("busy_s")
     assert 0.0 < busy_s < h.elapsed_s  # the 9 layer batches took some of the run's time
@@ -114,6 +114,7 @@ def test_stats_count_steps_stages_layer_batches_and_tokens():
         "steps": 2,
         "layer_exchanges": 9,
         "tokens": 8,
+        "tokens_by_attention_rank": {"0": 5, "1": 1 + 2},
         "stages": 3,
         "two_stage_steps": 1,
         "rows": 5 * 3 + (1 + 2) * 3,  # every layer of every stage

@@ -54,13 +54,15 @@ class Family:
     """One metric family: its name (without :data:`PREFIX`), ``"counter"``, ``"gauge"``
     or ``"histogram"`` (its key holds :meth:`Histogram.as_dict`), the role it belongs
     to, the ``afd_stats`` key (dotted for nested records, e.g.
-    ``"endpoint.attention_replacements"``) and its help text."""
+    ``"endpoint.attention_replacements"``) and its help text. With ``by``, the key holds
+    a mapping and every entry is a sample with one more label, ``by``, set to its key."""
 
     name: str
     kind: str
     role: str
     key: str
     help: str
+    by: str | None = None
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -81,6 +83,9 @@ FAMILIES: tuple[Family, ...] = (
     Family("ffn_layer_exchanges", "counter", "ffn", "layer_exchanges",
            "(layer, stage) batches computed and sent back"),
     Family("ffn_tokens", "counter", "ffn", "tokens", "Tokens of the steps served"),
+    Family("ffn_attention_rank_tokens", "counter", "ffn", "tokens_by_attention_rank",
+           "Tokens of the steps served, by the attention rank that sent them",
+           by="attention_rank"),
     Family("ffn_rows", "counter", "ffn", "rows",
            "Rows computed over all eager layer exchanges (a token once per layer)"),
     Family("ffn_busy_seconds", "counter", "ffn", "busy_s",
@@ -117,6 +122,14 @@ def _value(record: Mapping[str, Any], key: str) -> float | None:
     if isinstance(value, bool | int | float):
         return float(value)
     return None
+
+
+def _entries(record: Mapping[str, Any], key: str) -> list[tuple[str, float]]:
+    """The ``(label, number)`` entries of the mapping at ``key`` (none when absent)."""
+    value = record.get(key)
+    if not isinstance(value, Mapping):
+        return []
+    return [(str(k), float(v)) for k, v in sorted(value.items()) if isinstance(v, int | float)]
 
 
 def _histogram(record: Mapping[str, Any], key: str) -> tuple[list[tuple[str, float]], float] | None:
@@ -164,7 +177,7 @@ def exposition(workers: Iterable[Mapping[str, Any]] | None) -> str:
             yield ok
             for family in FAMILIES if records is not None else ():
                 kind = KINDS[family.kind]
-                labels = ("role", "rank", "worker")
+                labels = ("role", "rank", "worker", *((family.by,) if family.by else ()))
                 metric = kind(PREFIX + family.name, family.help, labels=labels)
                 samples = 0
                 for index, w in enumerate(records or ()):
@@ -176,6 +189,11 @@ def exposition(workers: Iterable[Mapping[str, Any]] | None) -> str:
                         histogram = _histogram(record, family.key)
                         if histogram is not None:
                             metric.add_metric(names, *histogram)
+                            samples += 1
+                        continue
+                    if family.by is not None:
+                        for key, value in _entries(record, family.key):
+                            metric.add_metric((*names, key), value)
                             samples += 1
                         continue
                     value = _value(record, family.key)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass
@@ -14,7 +14,8 @@ class FFNStats:
     attention rank's stage);
     ``layer_exchanges``: (layer, stage) batches computed and sent back; ``tokens``: tokens
     of the completed steps, summed over the attention ranks and stages of each step (a
-    token counts once per step, not once per layer); ``stages``: stages of the completed
+    token counts once per step, not once per layer), and ``tokens_by_attention_rank`` the
+    same by attention rank (keys: the rank as a string); ``stages``: stages of the completed
     steps (a step of two micro-batch stages counts 2), of which ``two_stage_steps`` had
     two (``num_stages`` 2). CUDA graphs: ``graphs_captured``
     (capture steps; they move no data and are not counted as steps), ``graph_replays``
@@ -37,6 +38,7 @@ class FFNStats:
     steps: int = 0
     layer_exchanges: int = 0
     tokens: int = 0
+    tokens_by_attention_rank: dict[str, int] = field(default_factory=dict)
     stages: int = 0
     two_stage_steps: int = 0
     rows: int = 0

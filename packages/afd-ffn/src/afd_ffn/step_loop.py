@@ -87,7 +87,14 @@ class StepLoop:
                     for stage in range(step.num_stages):
                         self._serve_layer(step, layer, stage)
                         stats.layer_exchanges += 1
-        stats.tokens += sum(sum(counts) for counts in step.tokens)
+        for rank, counts in zip(step.attention_ranks, step.tokens, strict=True):
+            tokens, key = sum(counts), str(rank)
+            stats.tokens += tokens
+            by_rank = stats.tokens_by_attention_rank
+            if key in by_rank:
+                by_rank[key] += tokens
+            else:  # a new dict, so that a reader copying the old one never sees it grow
+                stats.tokens_by_attention_rank = {**by_rank, key: tokens}
         stats.stages += step.num_stages
         stats.two_stage_steps += step.num_stages == 2
         stats.steps += 1

@@ -56,7 +56,10 @@ class DeploymentSpec:
     GPU), and ``role_args[role]`` after ``extra_args`` on their command lines (e.g.
     ``("--tensor-parallel-size", "2")`` for the attention role); ``role_cpus[role]``
     confines each server of that role to those CPUs (:attr:`ServerSpec.cpus`; e.g.
-    ``{"attention": (0,), "ffn": (1,)}`` for a role per core). ``max_num_seqs`` goes
+    ``{"attention": (0,), "ffn": (1,)}`` for a role per core); ``rank_gpus[role]`` names
+    the GPU of each server of that role by role rank (its ``CUDA_VISIBLE_DEVICES``, over
+    ``role_env``; e.g. ``{"attention": ("0", "1"), "ffn": ("2",)}`` for 2A1F on three
+    GPUs), one entry per rank. ``max_num_seqs`` goes
     to every server (vLLM's ``--max-num-seqs``: the most requests a step batches).
     ``num_stages``, ``stage_decode_token_threshold``,
     ``stage_prefill_token_threshold``, ``stage_streams``, ``afd_process_group_timeout_s``
@@ -85,6 +88,7 @@ class DeploymentSpec:
     role_env: Mapping[Role, Mapping[str, str]] = field(default_factory=lambda: MappingProxyType({}))
     role_args: Mapping[Role, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
     role_cpus: Mapping[Role, tuple[int, ...]] = field(default_factory=lambda: MappingProxyType({}))
+    rank_gpus: Mapping[Role, tuple[str, ...]] = field(default_factory=lambda: MappingProxyType({}))
     start_timeout_s: float = DEFAULT_START_TIMEOUT_S
     num_stages: int = 1
     stage_decode_token_threshold: int | None = None
@@ -131,9 +135,17 @@ class DeploymentSpec:
         """
         ports = {"ffn": ffn_ports, "attention": attention_ports}
         secret_env = {SECRET_ENV: self.rendezvous_secret} if self.rendezvous_secret else {}
+        for role, gpus in self.rank_gpus.items():
+            if len(gpus) != len(ports[role]):
+                raise ValueError(
+                    f"DeploymentSpec.rank_gpus[{role!r}] names {len(gpus)} GPU(s) for "
+                    f"{len(ports[role])} {role} server(s); give one per rank"
+                )
         specs = []
         for role in ("ffn", "attention"):
             for rank in range(len(ports[role])):
+                gpu = self.rank_gpus.get(role)
+                gpu_env = {} if gpu is None else {"CUDA_VISIBLE_DEVICES": gpu[rank]}
                 settings = self.afd_settings(role, rank, connector_port)
                 parse_afd_config(settings)
                 specs.append(
@@ -156,6 +168,7 @@ class DeploymentSpec:
                             **secret_env,
                             **self.extra_env,
                             **self.role_env.get(role, {}),
+                            **gpu_env,
                         },
                         cpus=tuple(self.role_cpus.get(role, ())),
                     )
