@@ -231,7 +231,8 @@ def _format(
     sizes = json.loads((model / "config.json").read_text())
     lines = [
         f"{model.name} (hidden {sizes['hidden_size']}, {sizes['num_hidden_layers']} layers, "
-        f"{sizes['num_experts']} experts top-{sizes['num_experts_per_tok']}); AFD over "
+        f"{sizes.get('num_experts', sizes.get('num_local_experts'))} experts top-"
+        f"{sizes['num_experts_per_tok']}); AFD over "
         f"{args.connector}, {args.num_stages} stage(s); monolithic: {args.monolithic}; "
         f"B prompts per endpoint x {args.max_tokens} tokens, medians of {args.repeats}",
         f"{'layout':>6} {'B':>5} | {'AFD TPOT ms':>11} {'tok/s/GPU':>9} | "
