@@ -1,9 +1,13 @@
-"""Two stages on Model Runner V2: when a batch splits, and the vLLM seams the stage runner uses.
+"""Two stages on Model Runner V2: when a batch splits, how a split step runs, and the vLLM
+seams the stage runner uses.
 
-The stage runner itself needs a CUDA device (vLLM's ``UBatchRunner`` makes CUDA streams);
-it runs in ``tests/e2e_gpu/test_afd_cuda_exactness.py`` (the ``runner-v2`` two-stage
-cases). Here: the dispatch rule against vLLM's own descriptor type, and the signatures
-of the vLLM 0.32 methods it overrides or wraps, so that a vLLM change fails here.
+Building the stage runner needs a CUDA device (vLLM's ``UBatchRunner`` makes CUDA
+streams); a served deployment runs in ``tests/e2e_gpu/test_afd_cuda_exactness.py`` (the
+``runner-v2`` two-stage cases). Here, on CPU: the dispatch rule against vLLM's own
+descriptor type; ``StageBatchRunner.run`` with vLLM's forward contexts and micro-batch
+slices on the real stage threads (a fake step driver and model); the stage count on a
+copy of vLLM's config; and the signatures of the vLLM 0.32 methods it overrides or
+wraps, so that a vLLM change fails here.
 """
 
 from __future__ import annotations
@@ -118,3 +122,71 @@ def test_vllms_seams_have_the_signatures_the_stage_runner_uses() -> None:
     for attribute in ("self.attn_groups", "self.kernel_block_sizes", "self.cudagraph_manager",
                       "self.ubatch_runner"):  # fmt: skip
         assert attribute in source, attribute
+
+
+def test_the_stage_runner_counts_two_micro_batches_on_a_copy_of_the_config() -> None:
+    from vllm.config import VllmConfig
+    from vllm.v1.worker.ubatch_utils import get_num_ubatches
+
+    from afd_attention.runner_v2_stages import _with_stage_count
+
+    config = VllmConfig()
+    staged = _with_stage_count(config)
+    assert get_num_ubatches(staged.parallel_config) == 2
+    assert get_num_ubatches(config.parallel_config) == 1  # the deployment's is untouched
+    assert config.parallel_config.ubatch_size == 0
+
+
+class FakeDriver:
+    """``StepDriver.begin_stages`` in miniature: records the sizes, returns one label each."""
+
+    def __init__(self) -> None:
+        self.announced: list[list[int]] = []
+
+    def begin_stages(self, sizes: list[int]) -> tuple[str, ...]:
+        self.announced.append(list(sizes))
+        return tuple(f"step-stage-{s}" for s in range(len(sizes)))
+
+
+def test_run_announces_the_cut_and_runs_each_stage_on_its_tokens_in_its_context(
+    stages: TwoStageForward,
+) -> None:
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.forward_context import (
+        create_forward_context,
+        get_forward_context,
+        override_forward_context,
+    )
+    from vllm.v1.worker.gpu.ubatch_utils import UBatchState
+    from vllm.v1.worker.ubatch_utils import UBatchSlice
+
+    from afd_attention.step_driver import METADATA_KEY
+
+    config = VllmConfig()
+    # vLLM's UBatchRunner.__init__ makes CUDA streams; run() needs none of its state.
+    runner = object.__new__(StageBatchRunner)
+    runner._driver, runner._stages = FakeDriver(), stages
+    state = UBatchState(
+        slices=[UBatchSlice(slice(0, 2), slice(0, 3)), UBatchSlice(slice(1, 3), slice(3, 5))],
+        forward_contexts=[create_forward_context(None, config) for _ in range(2)],
+    )
+    seen: list[tuple[list[int], dict[str, Any]]] = []
+
+    def model(input_ids: Any, positions: Any, inputs_embeds: Any, intermediate_tensors: Any):
+        for _ in range(2):  # two layers: hand over after each
+            seen.append((input_ids.tolist(), dict(get_forward_context().additional_kwargs)))
+            stages.checkpoint()
+        return input_ids.float() * 10
+
+    inputs = {"input_ids": torch.arange(5), "positions": torch.arange(5),
+              "inputs_embeds": None, "intermediate_tensors": None}  # fmt: skip
+    outer = create_forward_context(None, config, additional_kwargs={"platform": 1})
+    with override_forward_context(outer):
+        output = runner.run(model, inputs, state)
+    assert runner._driver.announced == [[3, 2]]
+    assert output.tolist() == [0.0, 10.0, 20.0, 30.0, 40.0]
+    assert [ids for ids, _ in seen] == [[0, 1, 2], [3, 4], [0, 1, 2], [3, 4]]
+    for ids, kwargs in seen:
+        stage = 0 if ids[0] == 0 else 1
+        assert kwargs == {"platform": 1, METADATA_KEY: f"step-stage-{stage}"}
