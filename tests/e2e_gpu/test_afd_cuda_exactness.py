@@ -146,9 +146,10 @@ CASES = [
     Case("v1", gate_on_attention=True, connector=M2N_GLOO, num_stages=2),
     Case("v1", gate_on_attention=False, connector=NCCL, num_stages=2),
     Case("v1", gate_on_attention=True, connector=NCCL, model=DEEPSEEK, num_stages=2),
-    # Two stages per step on Model Runner V2 (vLLM's micro-batch runner at DP 1), eagerly.
+    # Two stages per step on Model Runner V2 (vLLM's micro-batch runner at DP 1), eagerly;
+    # MLA models are refused there at start-up (docs/cuda.md).
     Case("v2", gate_on_attention=False, num_stages=2),
-    Case("v2", gate_on_attention=True, model=DEEPSEEK, num_stages=2),
+    Case("v2", gate_on_attention=True, num_stages=2),
     Case("v2", gate_on_attention=True, connector=M2N_GLOO, num_stages=2),
     Case("v2", gate_on_attention=True, model=WIDE_QWEN, num_stages=2),
     Case("v2", gate_on_attention=False, connector=NCCL, num_stages=2),

@@ -143,6 +143,13 @@ def test_per_stage_streams_on_model_runner_v2_are_refused_naming_the_shared_cut(
     assert '"shared"' in message and "VLLM_USE_V2_MODEL_RUNNER=0" in message
 
 
+def test_two_stages_of_an_mla_model_on_model_runner_v2_are_refused_naming_the_v1_runner() -> None:
+    message = refused(Eager, TWO, cuda(use_v2_model_runner=True, uses_mla=True))
+    assert "not supported for MLA models" in message and "VLLM_USE_V2_MODEL_RUNNER=0" in message
+    check_connector(TWO, Eager, cuda(uses_mla=True))  # the V1 runner
+    check_connector(config(), Eager, cuda(use_v2_model_runner=True, uses_mla=True))  # one stage
+
+
 def test_two_stages_under_cuda_graphs_are_refused_before_the_graph_rules() -> None:
     message = refused(Graphs, TWO, cuda(cudagraph_mode="FULL_DECODE_ONLY"))
     assert "runs eagerly" in message and "cudagraph_mode FULL_DECODE_ONLY" in message

@@ -41,9 +41,10 @@ class NoRunnerProperty:
 
 
 class CudaConfig(NoRunnerProperty):
-    def __init__(self, cudagraph_mode: str, use_v2: bool) -> None:
+    def __init__(self, cudagraph_mode: str, use_v2: bool, use_mla: bool = False) -> None:
         super().__init__(SimpleNamespace(name=cudagraph_mode))
         self._use_v2 = use_v2
+        self.model_config = SimpleNamespace(use_mla=use_mla)
 
     @property
     def use_v2_model_runner(self) -> bool:
@@ -63,6 +64,10 @@ def test_on_cuda_two_stages_need_eager_forwards_and_on_v2_the_shared_stream(monk
     hooks.afd_validate(config=per_stage, vllm_config=CudaConfig("NONE", use_v2=False))
     with pytest.raises(AFDConfigError, match="VLLM_USE_V2_MODEL_RUNNER=0"):
         hooks.afd_validate(config=per_stage, vllm_config=CudaConfig("NONE", use_v2=True))
+    mla_v1 = CudaConfig("NONE", use_v2=False, use_mla=True)
+    hooks.afd_validate(config=TWO_STAGES, vllm_config=mla_v1)
+    with pytest.raises(AFDConfigError, match="not supported for MLA models"):
+        hooks.afd_validate(config=TWO_STAGES, vllm_config=CudaConfig("NONE", True, use_mla=True))
     with pytest.raises(AFDConfigError, match="--enforce-eager"):
         hooks.afd_validate(
             config=TWO_STAGES, vllm_config=CudaConfig("FULL_DECODE_ONLY", use_v2=False)

@@ -57,6 +57,7 @@ def afd_validate(config: AFDConfig, vllm_config: Any) -> None:
         # missing, and other platforms capture no CUDA graphs.
         use_v2_model_runner=on_cuda and vllm_config.use_v2_model_runner,
         cudagraph_mode=vllm_config.compilation_config.cudagraph_mode.name if on_cuda else "NONE",
+        uses_mla=on_cuda and vllm_config.model_config.use_mla,
     )
     spec = get_registry().connector(config.connector)
     check_connector(config, connector_class(spec), deployment)

@@ -50,14 +50,16 @@ class Capabilities:
 @dataclass(frozen=True)
 class AttentionDeployment:
     """What vLLM decided about an attention deployment: its ``platform``, parallel sizes,
-    whether it runs Model Runner V2 and its resolved CUDA graph mode's name (``"NONE"``
-    where nothing is captured, and on every platform but CUDA)."""
+    whether it runs Model Runner V2, its resolved CUDA graph mode's name (``"NONE"``
+    where nothing is captured, and on every platform but CUDA) and whether its model uses
+    MLA attention (read on CUDA only)."""
 
     platform: Platform
     data_parallel_size: int = 1
     tensor_parallel_size: int = 1
     use_v2_model_runner: bool = False
     cudagraph_mode: str = "NONE"
+    uses_mla: bool = False
 
 
 def check_connector(
@@ -208,6 +210,13 @@ def _check_stages(config: AFDConfig, deployment: AttentionDeployment) -> None:
             "part writes in the same step, so both stages queue on one stream; use "
             '"stage_streams": "shared", or start the attention servers with '
             "VLLM_USE_V2_MODEL_RUNNER=0"
+        )
+    if platform == "cuda" and deployment.use_v2_model_runner and deployment.uses_mla:
+        raise AFDConfigError(
+            f"{prefix} on Model Runner V2 is not supported for MLA models (DeepSeek) yet: "
+            'its first GPU run failed at the first request (docs/cuda.md, "Two stages on '
+            'Model Runner V2"); start the attention servers with VLLM_USE_V2_MODEL_RUNNER=0 '
+            '(the V1 runner runs MLA models in two stages), or set "num_stages": 1 on both roles'
         )
     if platform == "cuda" and deployment.cudagraph_mode != "NONE":
         raise AFDConfigError(
