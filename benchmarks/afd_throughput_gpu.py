@@ -57,8 +57,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.e2e_gpu.gpu_settings import server_args
 
 START_TIMEOUT_S = 300.0
-#: The dry run's model: the tiny model's own sizes.
-CPU_SIZES: dict[str, object] = {}
 #: Engine arguments of every server: random weights, a fixed KV cache (GPU; CPU dry run).
 SERVING_ARGS = ("--load-format", "dummy", "--kv-cache-memory-bytes", str(4 << 30))
 CPU_SERVING_ARGS = ("--load-format", "dummy", "--kv-cache-memory-bytes", str(256 << 20))
@@ -129,10 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     layouts = [Layout.parse(text) for text in args.layouts.split(",")]
     batches = [int(b) for b in args.batches.split(",")]
     targets = [float(t) for t in args.tpot_ms.split(",")]
-    if args.cpu and (args.monolithic != "replicas" or args.connector == "P2pNcclAFDConnector"):
+    if args.cpu:  # the dry run: every server on the CPU, so neither NCCL nor DP
         args.monolithic, args.connector = "replicas", "P2pGlooAFDConnector"
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="afd-throughput-"))
-    model = wide_model(args.tiny_model, work, (CPU_SIZES if args.cpu else WIDE))
+    model = wide_model(args.tiny_model, work, {} if args.cpu else WIDE)
     engine_args = CPU_SERVING_ARGS if args.cpu else (*server_args(), *SERVING_ARGS)
     results: dict[tuple[str, str], dict[int, Point]] = {}
     for layout in layouts:

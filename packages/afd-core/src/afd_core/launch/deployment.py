@@ -144,8 +144,8 @@ class DeploymentSpec:
         specs = []
         for role in ("ffn", "attention"):
             for rank in range(len(ports[role])):
-                gpu = self.rank_gpus.get(role)
-                gpu_env = {} if gpu is None else {"CUDA_VISIBLE_DEVICES": gpu[rank]}
+                gpus = self.rank_gpus.get(role)
+                gpu_env = {} if gpus is None else {"CUDA_VISIBLE_DEVICES": gpus[rank]}
                 settings = self.afd_settings(role, rank, connector_port)
                 parse_afd_config(settings)
                 specs.append(
