@@ -29,7 +29,7 @@ vLLM, at several concurrencies, in one run; each AFD role's busy fraction.
 With ``--gpu`` every server runs on this host's CUDA GPU (both AFD roles share it, over
 gloo), with the runner ``--runner`` names (V1 by default, or Model Runner V2) and the
 gpu-harness's engine arguments (``$GPU_HARNESS_SETTINGS``, as the CUDA end-to-end tests
-read them); with the V1 runner a fourth deployment runs two stages with
+read them); a fourth deployment runs two stages with
 ``"stage_streams": "per-stage"`` (each stage on a CUDA stream of its own) beside the
 default (``"shared"``: both on the worker's stream).
 
@@ -144,8 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--runner",
         choices=("v1", "v2"),
         default="v1",
-        help="with --gpu: vLLM's V1 runner (and a per-stage-streams deployment) or Model "
-        "Runner V2 (two stages through vLLM's micro-batch runner, shared stream)",
+        help="with --gpu: vLLM's V1 runner, or Model Runner V2 (two stages through vLLM's "
+        "micro-batch runner)",
     )
     args = parser.parse_args(argv)
     if args.max_tokens < 2:
@@ -211,7 +211,7 @@ def _start(
         Target(MONOLITHIC, monolithic.url, monolithic.spec.model_name, {"mono": monolithic.pid})
     ]
     afd = [(ONE_STAGE, 1, None), (TWO_STAGES, 2, None)]
-    if gpu_runner == "v1":  # Model Runner V2 runs both stages on one stream
+    if gpu_runner:
         afd.append((TWO_STAGES_PER_STAGE, 2, "per-stage"))
     for label, num_stages, stage_streams in afd:
         spec = DeploymentSpec(

@@ -84,10 +84,11 @@ class Case:
     graphs: bool = False
     graph_mode: str = "FULL_DECODE_ONLY"
     model: str = QWEN
-    #: 2: two stages per step (eager; V1: the plugin's split at a request boundary, V2:
-    #: vLLM's micro-batch runner and its midpoint cut), thresholds low enough that the
-    #: prompt batch's steps split.
+    #: 2: two stages per step (eager, cut at a request boundary; V2: through vLLM's
+    #: micro-batch runner), thresholds low enough that the prompt batch's steps split.
     num_stages: int = 1
+    #: Where two stages' kernels queue: both on the worker's stream, or each on its own.
+    stage_streams: str = "shared"
 
     @property
     def mla(self) -> bool:
@@ -104,6 +105,8 @@ class Case:
         layout = f"1A{self.num_ffn_ranks}F"
         if self.num_stages > 1:
             layout += f"-{self.num_stages}stages"
+            if self.stage_streams != "shared":
+                layout += f"-{self.stage_streams}-streams"
         return f"{self.model}-{layout}-{gate}-runner-{self.runner}-{self.connector}-{order}-{mode}"
 
     @property
@@ -146,10 +149,11 @@ CASES = [
     Case("v1", gate_on_attention=True, connector=M2N_GLOO, num_stages=2),
     Case("v1", gate_on_attention=False, connector=NCCL, num_stages=2),
     Case("v1", gate_on_attention=True, connector=NCCL, model=DEEPSEEK, num_stages=2),
-    # Two stages per step on Model Runner V2 (vLLM's micro-batch runner at DP 1), eagerly;
-    # MLA models are refused there at start-up (docs/cuda.md).
+    # Two stages per step on Model Runner V2 (vLLM's micro-batch runner at DP 1), eagerly.
     Case("v2", gate_on_attention=False, num_stages=2),
     Case("v2", gate_on_attention=True, num_stages=2),
+    Case("v2", gate_on_attention=True, model=DEEPSEEK, num_stages=2),
+    Case("v2", gate_on_attention=False, num_stages=2, stage_streams="per-stage"),
     Case("v2", gate_on_attention=True, connector=M2N_GLOO, num_stages=2),
     Case("v2", gate_on_attention=True, model=WIDE_QWEN, num_stages=2),
     Case("v2", gate_on_attention=False, connector=NCCL, num_stages=2),
@@ -214,6 +218,7 @@ def test_afd_on_cuda_serves_the_same_tokens_as_monolithic_vllm(
         num_ffn_ranks=case.num_ffn_ranks,
         connector_extra_config={"transport": "gloo"} if case.connector == M2N_GLOO else {},
         num_stages=case.num_stages,
+        stage_streams=case.stage_streams if case.num_stages > 1 else None,
         stage_decode_token_threshold=STAGE_TOKEN_THRESHOLD if case.num_stages > 1 else None,
         stage_prefill_token_threshold=STAGE_TOKEN_THRESHOLD if case.num_stages > 1 else None,
     )

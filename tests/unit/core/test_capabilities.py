@@ -132,15 +132,8 @@ def test_two_stages_run_on_the_cpu_runner_and_both_cuda_runners_eagerly() -> Non
     check_connector(TWO, Eager, cuda())
     check_connector(TWO, Eager, cuda(use_v2_model_runner=True))
     check_connector(config(num_stages=2, stage_streams="per-stage"), Eager, cuda())
-
-
-def test_per_stage_streams_on_model_runner_v2_are_refused_naming_the_shared_cut() -> None:
-    message = refused(
-        Eager, config(num_stages=2, stage_streams="per-stage"), cuda(use_v2_model_runner=True)
-    )
-    assert '"stage_streams": "per-stage" runs on vLLM\'s V1 runner only' in message
-    assert "inside a prefill chunk" in message
-    assert '"shared"' in message and "VLLM_USE_V2_MODEL_RUNNER=0" in message
+    per_stage_v2 = cuda(use_v2_model_runner=True)
+    check_connector(config(num_stages=2, stage_streams="per-stage"), Eager, per_stage_v2)
 
 
 def test_two_stages_of_an_mla_model_on_model_runner_v2_are_refused_naming_the_v1_runner() -> None:

@@ -126,6 +126,8 @@ def test_request_split_properties(
     total = sum(tokens)
     should_split = len(tokens) >= 2 and total >= policy.threshold(decode_only=decode_only)
     assert len(stages) == (2 if should_split else 1)
+    # The rule Model Runner V2's dispatch asks, from the request and token counts alone.
+    assert policy.splits_at_request(len(tokens), total, decode_only=decode_only) == should_split
     if len(stages) == 1:
         return
     first, second = stages

@@ -56,14 +56,13 @@ def test_off_cuda_two_stages_pass_without_reading_the_runner_or_graph_mode(monke
     hooks.afd_validate(config=TWO_STAGES, vllm_config=NoRunnerProperty(cudagraph_mode=None))
 
 
-def test_on_cuda_two_stages_need_eager_forwards_and_on_v2_the_shared_stream(monkeypatch):
+def test_on_cuda_two_stages_need_eager_forwards_and_on_v2_no_mla(monkeypatch):
     monkeypatch.setattr(hooks, "current_platform_name", lambda: "cuda")
     hooks.afd_validate(config=TWO_STAGES, vllm_config=CudaConfig("NONE", use_v2=False))
     hooks.afd_validate(config=TWO_STAGES, vllm_config=CudaConfig("NONE", use_v2=True))
     per_stage = replace(TWO_STAGES, stage_streams="per-stage")
     hooks.afd_validate(config=per_stage, vllm_config=CudaConfig("NONE", use_v2=False))
-    with pytest.raises(AFDConfigError, match="VLLM_USE_V2_MODEL_RUNNER=0"):
-        hooks.afd_validate(config=per_stage, vllm_config=CudaConfig("NONE", use_v2=True))
+    hooks.afd_validate(config=per_stage, vllm_config=CudaConfig("NONE", use_v2=True))
     mla_v1 = CudaConfig("NONE", use_v2=False, use_mla=True)
     hooks.afd_validate(config=TWO_STAGES, vllm_config=mla_v1)
     with pytest.raises(AFDConfigError, match="not supported for MLA models"):

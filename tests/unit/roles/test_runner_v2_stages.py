@@ -4,7 +4,8 @@ seams the stage runner uses.
 Building the stage runner needs a CUDA device (vLLM's ``UBatchRunner`` makes CUDA
 streams); a served deployment runs in ``tests/e2e_gpu/test_afd_cuda_exactness.py`` (the
 ``runner-v2`` two-stage cases). Here, on CPU: the dispatch rule against vLLM's own
-descriptor type; ``StageBatchRunner.run`` with vLLM's forward contexts and micro-batch
+descriptor type; the request-boundary cut of a real V2 input batch through vLLM's own
+slicing; ``StageBatchRunner.run`` with vLLM's forward contexts and micro-batch
 slices on the real stage threads (a fake step driver and model); the stage count on a
 copy of vLLM's config; and the signatures of the vLLM 0.32 methods it overrides or
 wraps, so that a vLLM change fails here.
@@ -27,8 +28,13 @@ from vllm.v1.worker.gpu.cudagraph_utils import (
 )
 from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 from vllm.v1.worker.gpu.ubatch_utils import UBatchRunner
+from vllm.v1.worker.ubatch_utils import maybe_create_ubatch_slices
 
-from afd_attention.runner_v2_stages import StageBatchRunner, split_eager_batches
+from afd_attention.runner_v2_stages import (
+    StageBatchRunner,
+    request_cut_slices,
+    split_eager_batches,
+)
 from afd_attention.two_stages import TwoStageForward
 from afd_core.stages import StagePolicy
 
@@ -68,21 +74,64 @@ def wrapped(stages: TwoStageForward, scheduled: bool = True, **kwargs: Any) -> F
 
 
 @pytest.mark.parametrize(
-    ("num_tokens", "uniform", "expected"),
+    ("num_reqs", "num_tokens", "uniform", "expected"),
     [
-        (8, 1, 2),  # decodes at the decode threshold
-        (7, 1, 1),  # decodes below it
-        (31, None, 1),  # a batch with a prefill below the prefill threshold
-        (32, None, 2),  # at it
-        (16, 4, 1),  # four tokens each is not a batch of decodes: the prefill threshold
+        (8, 8, 1, 2),  # decodes at the decode threshold
+        (7, 7, 1, 1),  # decodes below it
+        (4, 31, None, 1),  # a batch with a prefill below the prefill threshold
+        (4, 32, None, 2),  # at it
+        (4, 16, 4, 1),  # four tokens each is not a batch of decodes: the prefill threshold
+        (1, 64, None, 1),  # one request: no request boundary to cut at
     ],
 )
 def test_an_eager_scheduled_batch_splits_at_the_policys_thresholds(
-    stages: TwoStageForward, num_tokens: int, uniform: int | None, expected: int
+    stages: TwoStageForward, num_reqs: int, num_tokens: int, uniform: int | None, expected: int
 ) -> None:
-    desc = wrapped(stages).dispatch(4, num_tokens, uniform, 0)
+    desc = wrapped(stages).dispatch(num_reqs, num_tokens, uniform, 0)
     assert desc.num_ubatches == expected
     assert desc.cg_mode == CUDAGraphMode.NONE and desc.num_tokens == num_tokens
+
+
+def dummy_batch(num_reqs: int, num_tokens: int) -> Any:
+    """vLLM's own V2 input batch of ``num_reqs`` requests (its dummy: tokens spread evenly,
+    the remainder on the last requests), on the CPU."""
+    import torch
+    from vllm.v1.worker.gpu.input_batch import InputBatch, InputBuffers
+
+    buffers = InputBuffers(max_num_reqs=16, max_num_tokens=256, device=torch.device("cpu"))
+    return InputBatch.make_dummy(num_reqs, num_tokens, buffers, is_padding=False)
+
+
+def test_a_v2_batch_is_cut_at_the_request_boundary_nearest_its_token_midpoint(
+    stages: TwoStageForward,
+) -> None:
+    import torch
+    from vllm.v1.worker.gpu.ubatch_utils import _slice_input_batch
+
+    batch = dummy_batch(3, 40)  # 13, 13, 14 tokens: vLLM's midpoint (20) is inside request 1
+    assert batch.num_scheduled_tokens.tolist() == [13, 13, 14]
+    slices = request_cut_slices(batch, stages)
+    assert [(s.request_slice, s.token_slice) for s in slices] == [
+        (slice(0, 2), slice(0, 26)),
+        (slice(2, 3), slice(26, 40)),
+    ]
+    # vLLM's own slicing of each stage: every request keeps all its tokens and its length.
+    for stage, s in enumerate(slices):
+        sub = _slice_input_batch(
+            batch, s, torch.zeros(17, dtype=torch.int32), torch.zeros(16, dtype=torch.int32)
+        )
+        assert (
+            sub.num_scheduled_tokens.tolist()
+            == batch.num_scheduled_tokens[s.request_slice].tolist()
+        ), stage
+        assert sub.seq_lens.tolist() == batch.seq_lens[s.request_slice].tolist(), stage
+
+
+def test_a_batch_the_policy_does_not_cut_is_refused_as_a_bug(stages: TwoStageForward) -> None:
+    from afd_core.errors import AFDError
+
+    with pytest.raises(AFDError, match="does not cut"):
+        request_cut_slices(dummy_batch(1, 40), stages)
 
 
 def test_graph_replays_and_unscheduled_forwards_keep_one_micro_batch(
@@ -108,6 +157,20 @@ def test_vllms_seams_have_the_signatures_the_stage_runner_uses() -> None:
         "max_num_reqs",
     ]  # fmt: skip
     assert params(UBatchRunner.run) == params(StageBatchRunner.run)
+    assert params(UBatchRunner.prepare) == params(StageBatchRunner.prepare)
+    # StageBatchRunner.prepare builds a stage as vLLM's prepare builds a micro-batch.
+    source = inspect.getsource(UBatchRunner.prepare)
+    calls = (
+        "create_ubatch_slices(",
+        "_slice_input_batch(",
+        "model_state.prepare_attn(",
+        "ubatch_idx=i",
+        "build_slot_mappings_by_layer(",
+        "self._make_forward_contexts(",
+    )
+    for call in calls:
+        assert call in source, call
+    assert "split_point" in params(maybe_create_ubatch_slices)
     assert params(UBatchRunner._make_forward_contexts) == params(
         StageBatchRunner._make_forward_contexts
     )

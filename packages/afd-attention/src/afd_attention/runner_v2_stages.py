@@ -1,32 +1,34 @@
 """Two stages per step on Model Runner V2, through vLLM's own per-micro-batch runner.
 
 vLLM 0.32's Model Runner V2 splits a step into micro-batches with ``UBatchRunner``
-(``vllm/v1/worker/gpu/ubatch_utils.py``): ``prepare`` cuts the batch at its token
-midpoint and builds each micro-batch's attention metadata, slot mappings and forward
-context; ``run`` runs the model once per micro-batch. vLLM builds that runner only for
-dual-batch overlap with data parallelism above 1 (``maybe_build_ubatch_runner``), and
-asks for micro-batches only through its data-parallel handshake (``dispatch_cg_and_sync_dp``
-returns one micro-batch at DP 1). An AFD attention rank runs at DP 1, so
-:func:`install_stage_runner` (called by the V2 runner mixin after vLLM's
-``initialize_kv_cache``) sets both up itself, through instance attributes vLLM reads:
+(``vllm/v1/worker/gpu/ubatch_utils.py``): ``prepare`` cuts the batch and builds each
+micro-batch's input batch, attention metadata, slot mappings and forward context; ``run``
+runs the model once per micro-batch. vLLM builds that runner only for dual-batch overlap
+with data parallelism above 1 (``maybe_build_ubatch_runner``), and asks for micro-batches
+only through its data-parallel handshake (``dispatch_cg_and_sync_dp`` returns one
+micro-batch at DP 1). An AFD attention rank runs at DP 1, so :func:`install_stage_runner`
+(called by the V2 runner mixin after vLLM's ``initialize_kv_cache``) sets both up itself,
+through instance attributes vLLM reads:
 
 * each attention group gets a second metadata builder (a stage's metadata is built by
   its own builder, as vLLM's micro-batches' are), sharing the backend's workspace;
-* ``runner.ubatch_runner`` becomes a :class:`StageBatchRunner`: vLLM's ``prepare``
-  (its split, its per-micro-batch metadata), and a ``run`` that announces the step's two
-  stages to the FFN role (:meth:`StepDriver.begin_stages`), installs each stage's AFD
-  step metadata in its forward context and runs the stages on AFD's stage threads
+* ``runner.ubatch_runner`` becomes a :class:`StageBatchRunner`. Its ``prepare`` cuts the
+  batch where the V1 runners' stages are cut, at the request boundary
+  :func:`afd_core.stages.plan_request_split` picks (vLLM's own cuts at the token
+  midpoint, through a request if need be), and builds each stage as vLLM's ``prepare``
+  builds a micro-batch. Its ``run`` announces the step's two stages to the FFN role
+  (:meth:`StepDriver.begin_stages`), installs each stage's AFD step metadata in its
+  forward context and runs the stages on AFD's stage threads
   (:class:`~afd_attention.two_stages.TwoStageForward`: bounded waits, a failed stage
   unwinds the other, where vLLM's hand-offs wait forever);
 * the graph manager's ``dispatch`` (:func:`split_eager_batches`) asks for two
-  micro-batches for an eager batch of a scheduled forward that the stage policy splits
-  (:meth:`TwoStageForward.splits`); graph replays, dummy and profile forwards keep one.
+  micro-batches for an eager batch of a scheduled forward that the stage policy cuts
+  (:meth:`StagePolicy.splits_at_request`); graph replays, dummy and profile forwards keep
+  one.
 
-vLLM's cut may fall inside a request (a prefill chunk): its first tokens are then in
-stage 0 and the rest in stage 1, which reads the KV cache stage 0 wrote in the same
-step. Both stages therefore queue on the worker's stream, as vLLM's micro-batches do
-(``"stage_streams": "shared"``; ``"per-stage"`` is refused with Model Runner V2 at
-start-up, :mod:`afd_core.capabilities`).
+Because no request is in both stages, neither stage reads KV cache the other writes in
+the same step, and the stages may queue on streams of their own
+(``"stage_streams": "per-stage"``) as on the V1 runner.
 """
 
 from __future__ import annotations
@@ -38,16 +40,20 @@ from typing import Any
 
 from vllm.config import CUDAGraphMode, VllmConfig
 from vllm.forward_context import ForwardContext, create_forward_context, get_forward_context
+from vllm.v1.worker.gpu.attn_utils import build_slot_mappings_by_layer
 from vllm.v1.worker.gpu.ubatch_utils import (
     UBatchRunner,
     UBatchState,
+    _slice_input_batch,
     merge_ubatch_outputs,
     slice_model_inputs,
 )
+from vllm.v1.worker.ubatch_utils import UBatchSlice, maybe_create_ubatch_slices
 
 from afd_attention.stage_scheduler import NUM_STAGES
 from afd_attention.step_driver import METADATA_KEY, StepDriver
 from afd_attention.two_stages import TwoStageForward
+from afd_core.errors import AFDError
 
 
 class StageBatchRunner(UBatchRunner):
@@ -69,6 +75,60 @@ class StageBatchRunner(UBatchRunner):
         self.vllm_config = vllm_config
         self._driver = driver
         self._stages = stages
+
+    def prepare(
+        self,
+        input_batch: Any,
+        block_tables: tuple[Any, ...],
+        slot_mappings: Any,
+        cg_mode: CUDAGraphMode = CUDAGraphMode.NONE,
+        for_capture: bool = False,
+    ) -> UBatchState:
+        """vLLM's ``UBatchRunner.prepare`` with the stages cut at a request boundary.
+
+        Each stage's input batch, attention metadata (its own builder), slot mappings and
+        forward context are built as vLLM builds a micro-batch's; only the cut differs
+        (:func:`request_cut_slices`). Raises AFDError when the stage policy does not cut
+        this batch (the dispatch rule and the planner disagree: a bug).
+        """
+        slices = request_cut_slices(input_batch, self._stages)
+        attn_metadata = []
+        slot_mappings_by_layer = []
+        is_padding = []
+        for i, stage in enumerate(slices):
+            stage_batch = _slice_input_batch(
+                input_batch,
+                stage,
+                self.ubatch_query_start_loc[i],
+                self.ubatch_seq_lens[i],
+                self.ubatch_dcp_local_seq_lens[i],
+                dcp_size=self.dcp_size,
+                dcp_rank=self.dcp_rank,
+                cp_interleave=self.cp_interleave,
+            )
+            stage_slot_mappings = slot_mappings[:, stage.token_slice]
+            attn_metadata.append(
+                self.model_state.prepare_attn(
+                    stage_batch,
+                    cg_mode,
+                    tuple(table[stage.request_slice] for table in block_tables),
+                    stage_slot_mappings,
+                    self.attn_groups,
+                    self.kv_cache_config,
+                    ubatch_idx=i,
+                    for_capture=for_capture,
+                )
+            )
+            slot_mappings_by_layer.append(
+                build_slot_mappings_by_layer(stage_slot_mappings, self.kv_cache_config)
+            )
+            is_padding.append(stage_batch.is_padding)
+        return UBatchState(
+            slices=slices,
+            forward_contexts=self._make_forward_contexts(
+                slices, attn_metadata, slot_mappings_by_layer, is_padding
+            ),
+        )
 
     def _make_forward_contexts(
         self,
@@ -136,6 +196,33 @@ def install_stage_runner(runner: Any, driver: StepDriver, stages: TwoStageForwar
     split_eager_batches(runner.cudagraph_manager, stages, lambda: runner.afd_scheduled_forward)
 
 
+def request_cut_slices(input_batch: Any, stages: TwoStageForward) -> list[UBatchSlice]:
+    """The two micro-batch slices of a Model Runner V2 ``input_batch``, cut at the request
+    boundary ``stages`` plans; the second extends over the batch's padding, as vLLM's do.
+
+    Raises AFDError when the plan is one stage.
+    """
+    num_reqs = input_batch.num_reqs
+    tokens = input_batch.num_scheduled_tokens[:num_reqs]
+    plan = stages.plan([int(n) for n in tokens])
+    if len(plan) != NUM_STAGES:
+        raise AFDError(
+            f"AFD attention: Model Runner V2 asked for {NUM_STAGES} stages of a batch of "
+            f"{num_reqs} requests and {int(tokens.sum())} tokens that the stage policy "
+            f"does not cut ({stages.policy}); this is a bug in afd-attention, please report it"
+        )
+    _, padded = maybe_create_ubatch_slices(
+        True,
+        tokens,
+        input_batch.num_tokens_after_padding,
+        input_batch.num_reqs_after_padding,
+        NUM_STAGES,
+        split_point=plan[0].token_stop,
+    )
+    assert padded is not None
+    return list(padded)
+
+
 def add_stage_metadata_builders(
     attn_groups: list[list[Any]],
     vllm_config: VllmConfig,
@@ -164,8 +251,8 @@ def split_eager_batches(
     manager: Any, stages: TwoStageForward, scheduled: Callable[[], bool]
 ) -> None:
     """Wrap ``manager.dispatch`` (Model Runner V2's graph manager) on the instance so that
-    an eager batch of a scheduled forward (``scheduled()``) that the stage policy splits
-    runs as two micro-batches. Idempotent."""
+    an eager batch of a scheduled forward (``scheduled()``) that the stage policy cuts at
+    a request boundary runs as two micro-batches. Idempotent."""
     if getattr(manager, "afd_splits_eager_batches", False):
         return
     dispatch = manager.dispatch
@@ -176,7 +263,8 @@ def split_eager_batches(
         desc = dispatch(num_reqs, num_tokens, uniform_token_count, *args, **kwargs)
         if desc.cg_mode != CUDAGraphMode.NONE or desc.num_ubatches != 1 or not scheduled():
             return desc
-        if not stages.splits(desc.num_tokens, decode_only=uniform_token_count == 1):
+        decode_only = uniform_token_count == 1
+        if not stages.policy.splits_at_request(num_reqs, num_tokens, decode_only=decode_only):
             return desc
         return dataclasses.replace(desc, num_ubatches=NUM_STAGES)
 

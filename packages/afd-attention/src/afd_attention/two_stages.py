@@ -71,11 +71,6 @@ class TwoStageForward:
         decode_only = max(tokens_per_request, default=1) <= 1
         return plan_request_split(tokens_per_request, self.policy, decode_only=decode_only)
 
-    def splits(self, num_tokens: int, *, decode_only: bool) -> bool:
-        """Whether a batch of ``num_tokens`` tokens (of decodes only, or not) runs as two
-        stages when the runner cuts it where it likes (Model Runner V2: vLLM's midpoint)."""
-        return num_tokens >= self.policy.threshold(decode_only=decode_only)
-
     def run(self, contexts: Sequence[Any], forwards: Sequence[Callable[[], Any]]) -> list[Any]:
         """Run ``forwards[s]()`` in vLLM forward context ``contexts[s]``, taking turns.
 

@@ -190,7 +190,7 @@ def _check_cuda_graphs(name: str, caps: Capabilities, deployment: AttentionDeplo
 def _check_stages(config: AFDConfig, deployment: AttentionDeployment) -> None:
     """Two stages per step run on vLLM's V1 runners (the CPU worker's ``CPUModelRunner``,
     and on CUDA ``AFDAttentionCUDAModelRunnerV1`` with ``VLLM_USE_V2_MODEL_RUNNER=0``)
-    and on Model Runner V2 (with the ``"shared"`` stage stream), eagerly and without data
+    and on Model Runner V2, eagerly and without data
     or tensor parallelism, not on Ascend NPU."""
     if config.num_stages == 1:
         return
@@ -201,15 +201,6 @@ def _check_stages(config: AFDConfig, deployment: AttentionDeployment) -> None:
             f"{prefix} is not built on Ascend NPU: vllm-ascend's V1 runner passes one padded "
             "token count (num_tokens_padded) to each forward, and each stage of a split step "
             'would need its own; set "num_stages": 1 on both roles'
-        )
-    if platform == "cuda" and deployment.use_v2_model_runner and config.stage_streams != "shared":
-        raise AFDConfigError(
-            f'{prefix} with "stage_streams": "{config.stage_streams}" runs on vLLM\'s V1 '
-            "runner only: Model Runner V2 cuts a step where vLLM's micro-batching does, "
-            "possibly inside a prefill chunk whose second part reads the KV cache the first "
-            "part writes in the same step, so both stages queue on one stream; use "
-            '"stage_streams": "shared", or start the attention servers with '
-            "VLLM_USE_V2_MODEL_RUNNER=0"
         )
     if platform == "cuda" and deployment.use_v2_model_runner and deployment.uses_mla:
         raise AFDConfigError(

@@ -62,6 +62,11 @@ class StagePolicy:
         """The fewest tokens a batch (of decodes only, or not) needs to split."""
         return self.decode_token_threshold if decode_only else self.prefill_token_threshold
 
+    def splits_at_request(self, num_requests: int, num_tokens: int, *, decode_only: bool) -> bool:
+        """Whether :func:`plan_request_split` cuts a batch of ``num_requests`` requests and
+        ``num_tokens`` tokens in two: at least two requests and the threshold's tokens."""
+        return num_requests >= 2 and num_tokens >= self.threshold(decode_only=decode_only)
+
 
 @dataclass(frozen=True)
 class StageSlice:
@@ -113,7 +118,7 @@ def plan_request_split(
     """
     total = _check_tokens(tokens_per_request)
     n = len(tokens_per_request)
-    if n < 2 or total < policy.threshold(decode_only=decode_only):
+    if not policy.splits_at_request(n, total, decode_only=decode_only):
         return _one_stage(n, total)
     best: tuple[int, int, int] | None = None  # (token distance, request distance, boundary)
     prefix = 0
