@@ -70,10 +70,22 @@ def test_packed_headers_equal_the_encoded_dataclasses(wire, direction, logits_wi
     codec = HeaderCodec(wire)
     buffer = memoryview(bytearray(130))
     codec.pack_into(buffer, 3, direction, 7, 1, 1, 12, 2, logits_width=logits_width, topk=topk)
-    header = codec.header(direction, 7, 1, 1, 12, 2, logits_width=logits_width, topk=topk)
+    header = TransferHeader(
+        direction=direction,
+        step_id=7,
+        layer=1,
+        stage=1,
+        num_tokens=12,
+        dtype=wire.dtype,
+        hidden_size=wire.hidden_size,
+        sender_rank=2,
+        logits_width=logits_width,
+        logits_dtype=wire.router_logits_dtype if logits_width else "float32",
+        topk=topk,
+    )
     assert bytes(buffer[3:67]) == header.encode()
     assert TransferHeader.decode(bytes(buffer[3:67])) == header
-    assert header.logits_dtype == (wire.router_logits_dtype if logits_width else "float32")
+    assert codec.header(direction, 7, 1, 1, 12, 2, logits_width=logits_width, topk=topk) == header
 
 
 def test_dense_layers_carry_no_router_logits_even_with_the_gate_on_attention():

@@ -153,8 +153,8 @@ class HeaderCodec:
 
     :meth:`pack_into` writes exactly ``TransferHeader(...).encode()`` into a buffer
     without building the dataclass; :meth:`expect` checks received header bytes against
-    the values a receiver expects; :meth:`header` builds the dataclass (for error
-    messages and tests).
+    the values a receiver expects; :meth:`header` decodes what :meth:`pack_into` writes
+    (for error messages and tests).
     """
 
     def __init__(self, wire: WireSpec) -> None:
@@ -241,21 +241,11 @@ class HeaderCodec:
         logits_width: int = 0,
         topk: int = 0,
     ) -> TransferHeader:
-        """The header :meth:`pack_into` writes for these values."""
-        wire = self._wire
-        return TransferHeader(
-            direction=direction,
-            step_id=step_id,
-            layer=layer,
-            stage=stage,
-            num_tokens=num_tokens,
-            dtype=wire.dtype,
-            hidden_size=wire.hidden_size,
-            sender_rank=sender_rank,
-            logits_width=logits_width,
-            logits_dtype=wire.router_logits_dtype if logits_width else "float32",
-            topk=topk,
-        )
+        """The header :meth:`pack_into` writes for these values, decoded from its bytes."""
+        packed = memoryview(bytearray(HEADER_BYTES))
+        self.pack_into(packed, 0, direction, step_id, layer, stage, num_tokens, sender_rank,
+                       logits_width=logits_width, topk=topk)  # fmt: skip
+        return TransferHeader.decode(bytes(packed))
 
 
 def raise_header_mismatch(

@@ -4,7 +4,7 @@ Attention role: each decoder layer's ``mlp`` is an :class:`ExchangeMLP` (no expe
 weights, optionally the router gate). The stock decoder layers build their MLP inline
 in ``__init__``, so the wrappers build them while :func:`stand_ins` has put
 ExchangeMLP subclasses in place of the stock MLP classes in the vLLM model module; the
-attention, norm and residual code stays vLLM's own. :func:`check_attention_stack` then
+attention, norm and residual code stays vLLM's own. :func:`check_attention_role` then
 proves that no MoE runner or expert weight was built.
 
 FFN role: an :class:`FFNStack` mirrors the module paths of the checkpoint
@@ -84,15 +84,30 @@ def stand_ins(module: ModuleType, **replacements: Callable[..., nn.Module]) -> I
             setattr(module, name, original)
 
 
-def check_attention_stack(layers: Sequence[nn.Module], model_name: str) -> None:
-    """Raise AFDInstallError unless every layer's ``mlp`` is an ExchangeMLP and no MoE
-    runner (which would hold expert weights and register itself with vLLM) was built."""
+def check_attention_role(
+    layers: Sequence[nn.Module], model_name: str, routed_layers: Sequence[int] | None
+) -> None:
+    """Raise AFDInstallError unless the attention role's layers are what its stand-ins
+    build, and no layer built an MoE runner (which would hold expert weights and register
+    itself with vLLM).
+
+    ``routed_layers`` None: every layer's ``mlp`` is an ExchangeMLP. Otherwise (an
+    expert-routed deployment's MoE layers) each of those layers' ``mlp.experts`` is a
+    :class:`~afd_models.routed.RoutedExchange`.
+    """
+    from afd_models.routed import RoutedExchange
+
     for index, layer in enumerate(layers):
         mlp = getattr(layer, "mlp", None)
-        if not isinstance(mlp, ExchangeMLP):
+        if routed_layers is None:
+            part, built, wanted, name = "layer", mlp, ExchangeMLP, "the exchange"
+        else:
+            part, wanted, name = "MoE layer", RoutedExchange, "the routed exchange"
+            built = getattr(mlp, "experts", None)
+        if (routed_layers is None or index in routed_layers) and not isinstance(built, wanted):
             raise AFDInstallError(
-                f"AFD: layer {index} of the attention role of {model_name} built "
-                f"{type(mlp).__name__} instead of the exchange; this vLLM version is not "
+                f"AFD: {part} {index} of the attention role of {model_name} built "
+                f"{type(built).__name__} instead of {name}; this vLLM version is not "
                 "supported by afd-models"
             )
         if any(isinstance(m, MoERunnerInterface) for m in layer.modules()):
@@ -100,41 +115,6 @@ def check_attention_stack(layers: Sequence[nn.Module], model_name: str) -> None:
                 f"AFD: layer {index} of the attention role of {model_name} built an MoE "
                 "runner; this vLLM version is not supported by afd-models"
             )
-
-
-def check_routed_attention_stack(
-    layers: Sequence[nn.Module], moe_layers: Sequence[int], model_name: str
-) -> None:
-    """Expert-routed attention role: raise AFDInstallError unless every MoE layer's runner
-    is a :class:`~afd_models.routed.RoutedExchange` and no MoE runner (which would hold
-    routed expert weights) was built anywhere."""
-    from afd_models.routed import RoutedExchange
-
-    for index, layer in enumerate(layers):
-        experts = getattr(getattr(layer, "mlp", None), "experts", None)
-        if index in moe_layers and not isinstance(experts, RoutedExchange):
-            raise AFDInstallError(
-                f"AFD: MoE layer {index} of the attention role of {model_name} built "
-                f"{type(experts).__name__} instead of the routed exchange; this vLLM version "
-                "is not supported by afd-models"
-            )
-        if any(isinstance(m, MoERunnerInterface) for m in layer.modules()):
-            raise AFDInstallError(
-                f"AFD: layer {index} of the attention role of {model_name} built an MoE "
-                "runner; this vLLM version is not supported by afd-models"
-            )
-
-
-def check_attention_role(
-    layers: Sequence[nn.Module], model_name: str, routed_layers: Sequence[int] | None
-) -> None:
-    """Raise AFDInstallError unless the attention role's layers are what its stand-ins
-    build: :func:`check_routed_attention_stack` with ``routed_layers`` (an expert-routed
-    deployment's MoE layers), else :func:`check_attention_stack`."""
-    if routed_layers is None:
-        check_attention_stack(layers, model_name)
-    else:
-        check_routed_attention_stack(layers, routed_layers, model_name)
 
 
 def detach_gate(block: nn.Module) -> None:
