@@ -49,7 +49,6 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -60,10 +59,6 @@ from afd_ascend_ops.reference.inbox import Inbox
 from afd_ascend_ops.schemas import BATCH_INFO_FIELDS, batch_info_size, dispatch_capacity
 from afd_core.errors import AFDConfigError, AFDProtocolError
 from afd_core.failures import guarded
-from afd_core.topology import Topology
-
-if TYPE_CHECKING:
-    from afd_core.transport import Transport
 
 #: ``batch_info`` of ``dispatch_recv`` (int64), its first :data:`BATCH_INFO_FIELDS`
 #: entries by index; then the tokens of each attention TP rank (the sender counts as TP
@@ -114,30 +109,23 @@ class AsyncWorld:
 class AsyncGroup:
     """The group one CAM async ``group_name`` stands for (see the module docstring).
 
-    ``transport`` spans the world, ``world_rank`` is this process's rank in it,
-    ``topology`` the world's rank map; ``timeout_s`` bounds every wait but the FFN's idle
-    one. The group owns the transport: :meth:`close` closes it.
+    ``channel`` carries its messages over the world (built with :data:`MISPAIRED`); its
+    ``timeout_s`` bounds every wait but the FFN's idle one. The group owns the channel and
+    its transport: :meth:`close` closes them.
     """
 
-    def __init__(
-        self,
-        name: str,
-        transport: Transport,
-        world_rank: int,
-        topology: Topology,
-        timeout_s: float,
-    ) -> None:
-        self.name = name
-        self.world_rank = world_rank
-        self.topology = topology
-        self.timeout_s = timeout_s
-        self._channel = MessageChannel(name, transport, world_rank, topology, timeout_s, MISPAIRED)
-        self._fuse = self._channel.fuse
-        self._role, self._role_rank = topology.role_of_world_rank(world_rank)
+    def __init__(self, channel: MessageChannel) -> None:
+        self._channel = channel
+        self._fuse = channel.fuse
         self._lock = threading.Lock()
         self._dispatched: _Dispatched | None = None  # attention: awaiting its combine
         self._unanswered: dict[int, _Unanswered] = {}  # FFN: by attention world rank
         self._dispatches: Inbox | None = None  # FFN: every attention rank's dispatches
+
+    @property
+    def name(self) -> str:
+        """The ``group_ep`` / ``group_name`` the ops are called with."""
+        return self._channel.name
 
     # -- life cycle ------------------------------------------------------------------
 
@@ -151,12 +139,7 @@ class AsyncGroup:
     def close(self) -> None:
         """Interrupt, release the transport and drop the pending sends (idempotent)."""
         self.interrupt()
-        self._channel.close()
-        if self._lock.acquire(timeout=self.timeout_s):
-            try:
-                self._channel.drop_pending()
-            finally:
-                self._lock.release()
+        self._channel.close_under(self._lock)
 
     # -- attention side --------------------------------------------------------------
 
@@ -195,15 +178,15 @@ class AsyncGroup:
                 )
             owners = expert_ids.long() // world.route_expert_num_per_moe
             ids = expert_ids.to(torch.int32).contiguous()
-            deadline = time.monotonic() + self.timeout_s
+            deadline = time.monotonic() + self._channel.timeout_s
             expanded = []
             for ffn_rank in range(world.moe_rank_num):
                 owned = owners == ffn_rank
                 tokens = owned.any(dim=1).nonzero().flatten()
-                peer = self.topology.world_rank("ffn", ffn_rank)
+                peer = self._channel.topology.world_rank("ffn", ffn_rank)
                 self._channel.finish_sends(peer, deadline)
                 header = MessageHeader(
-                    "dispatch", self._channel.next_call(peer), self.world_rank, peer,
+                    "dispatch", self._channel.next_call(peer), self._channel.world_rank, peer,
                     tokens.numel(), hidden_size, dtype, top_k, True, layer_index,
                 )  # fmt: skip
                 body = []
@@ -269,8 +252,10 @@ class AsyncGroup:
 
     def _receive_answers(self, sent: _Dispatched, hidden_size: int) -> list[torch.Tensor]:
         """Every FFN rank's answer to the dispatch ``sent``, in FFN rank order."""
-        deadline = time.monotonic() + self.timeout_s
-        peers = [self.topology.world_rank("ffn", f) for f in range(len(sent.expanded_rows))]
+        deadline = time.monotonic() + self._channel.timeout_s
+        peers = [
+            self._channel.topology.world_rank("ffn", f) for f in range(len(sent.expanded_rows))
+        ]
         seqs = [self._channel.next_call(peer) for peer in peers]
         heads = [torch.empty(MessageHeader.SIZE, dtype=torch.uint8) for _ in peers]
         posted = [self._channel.post(p, h, send=False) for p, h in zip(peers, heads, strict=True)]
@@ -281,7 +266,7 @@ class AsyncGroup:
             doing = f"the combine of layer {sent.layer} (call {seq}) on group {self.name!r}"
             self._channel.wait(transfer, deadline, doing)
             expected = MessageHeader(
-                "combine", seq, peer, self.world_rank, rows, hidden_size, "bfloat16",
+                "combine", seq, peer, self._channel.world_rank, rows, hidden_size, "bfloat16",
                 layer=sent.layer,
             )  # fmt: skip
             headers.append(self._channel.check(head, expected, ignore=("dtype",)))
@@ -322,7 +307,7 @@ class AsyncGroup:
             sender, header, body = self._inbox(hidden_size).take()
             seq = self._channel.next_call(sender)
             expected = MessageHeader(
-                "dispatch", seq, sender, self.world_rank, header.rows, hidden_size, dtype,
+                "dispatch", seq, sender, self._channel.world_rank, header.rows, hidden_size, dtype,
                 top_k, True, header.layer,
             )  # fmt: skip
             self._channel.compare(header, expected)
@@ -334,19 +319,19 @@ class AsyncGroup:
                     f"max_seq_len={max_seq_len}; both roles must use the same "
                     "max_num_batched_tokens"
                 )
-            self._channel.finish_sends(sender, time.monotonic() + self.timeout_s)
+            self._channel.finish_sends(sender, time.monotonic() + self._channel.timeout_s)
             row_bytes = hidden_size * x.element_size()
             body = body.view(tokens, row_bytes + top_k * 4)
             hidden = body[:, :row_bytes].reshape(-1).view(x.dtype).view(tokens, hidden_size)
             ids = body[:, row_bytes:].reshape(-1).view(torch.int32).view(tokens, top_k)
-            local = ids.long() - self._role_rank * epr
+            local = ids.long() - self._channel.role_rank * epr
             owned = (local >= 0) & (local < epr)
             if tokens and not bool(owned.any(dim=1).all()):
                 raise AFDProtocolError(
                     f"afd_ascend::{op} on group {self.name!r}: "
                     f"{self._channel.describe(sender)} sent a token with no expert of "
-                    f"{self._channel.me()} (experts {self._role_rank * epr}.."
-                    f"{(self._role_rank + 1) * epr - 1}); both roles must use the same "
+                    f"{self._channel.me()} (experts {self._channel.role_rank * epr}.."
+                    f"{(self._channel.role_rank + 1) * epr - 1}); both roles must use the same "
                     "route_expert_num_per_moe and model"
                 )
             pairs = owned.nonzero()  # (token, slot), token-major
@@ -357,7 +342,7 @@ class AsyncGroup:
             rows = int(order.numel())
             expanded[:rows] = hidden.index_select(0, pairs[order, 0])
             counts = torch.bincount(experts, minlength=epr)
-            attention_rank = self.topology.role_of_world_rank(sender)[1]
+            attention_rank = self._channel.topology.role_of_world_rank(sender)[1]
             info = torch.zeros(batch_info_size(world.tp_size, epr), dtype=torch.int64)
             info[: BATCH_INFO_FIELDS + 1] = torch.tensor(
                 [tokens, attention_rank, header.layer, rows, seq, tokens]
@@ -378,12 +363,12 @@ class AsyncGroup:
         attention_rank, layer, rows, seq = (
             int(info[BATCH_INFO[key]]) for key in ("attention_rank", "layer", "rows", "seq")
         )
-        if not 0 <= attention_rank < self.topology.num_attention_ranks:
+        if not 0 <= attention_rank < self._channel.topology.num_attention_ranks:
             raise AFDProtocolError(
                 f"afd_ascend::{op} on group {self.name!r}: batch_info names attention rank "
                 f"{attention_rank}; pass output [2] of the dispatch_recv being answered"
             )
-        peer = self.topology.world_rank("attention", attention_rank)
+        peer = self._channel.topology.world_rank("attention", attention_rank)
         with self._lock:
             pending = self._unanswered.pop(peer, None)
             if pending != _Unanswered(seq, layer, rows):
@@ -398,10 +383,10 @@ class AsyncGroup:
                     f"afd_ascend::{op} on group {self.name!r}: expand_x must be [>= {rows}, "
                     f"hidden_size={hidden_size}], not {list(expand_x.shape)}"
                 )
-            deadline = time.monotonic() + self.timeout_s
+            deadline = time.monotonic() + self._channel.timeout_s
             self._channel.finish_sends(peer, deadline)
             header = MessageHeader(
-                "combine", self._channel.next_call(peer), self.world_rank, peer, rows,
+                "combine", self._channel.next_call(peer), self._channel.world_rank, peer, rows,
                 hidden_size, dtype, layer=layer,
             )  # fmt: skip
             self._channel.send(peer, header, [rows_as_bytes(expand_x[:rows])] if rows else [])
@@ -411,8 +396,8 @@ class AsyncGroup:
         """The FFN rank's inbox of dispatches (its readers start on the first call)."""
         if self._dispatches is None:
             senders = tuple(
-                self.topology.world_rank("attention", a)
-                for a in range(self.topology.num_attention_ranks)
+                self._channel.topology.world_rank("attention", a)
+                for a in range(self._channel.topology.num_attention_ranks)
             )
             self._dispatches = Inbox(
                 self._channel, senders, _dispatch_body_bytes,
@@ -425,12 +410,12 @@ class AsyncGroup:
     # -- checks ----------------------------------------------------------------------
 
     def _check_world(self, op: str, world: AsyncWorld, role: str) -> None:
-        topology = self.topology
+        topology = self._channel.topology
         ours = AsyncWorld(
             topology.num_ffn_ranks,
             topology.num_attention_ranks,
             world.route_expert_num_per_moe,
-            self._role_rank,
+            self._channel.role_rank,
             topology.world_size,
             world.tp_size,
         )
@@ -440,10 +425,10 @@ class AsyncGroup:
                 f"attn_rank_num={world.attn_rank_num}, rank id={world.role_rank}, "
                 f"world_size={world.world_size}, but the group was opened for "
                 f"{ours.moe_rank_num} FFN ranks, {ours.attn_rank_num} attention ranks, "
-                f"{self._role} rank {ours.role_rank} and {ours.world_size} ranks; pass the "
+                f"{self._channel.role} rank {ours.role_rank} and {ours.world_size} ranks; pass the "
                 "world's facts"
             )
-        if self._role != role:
+        if self._channel.role != role:
             raise AFDConfigError(
                 f"afd_ascend::{op} on group {self.name!r} is an {role} op, but this process "
                 f"is {self._channel.me()}"

@@ -22,6 +22,7 @@ first) and gives the reference kernels of both op families (``a2e``/``e2a`` in
 from __future__ import annotations
 
 import ctypes
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -52,10 +53,10 @@ class MessageChannel:
     """Headed messages of one group (see the module docstring).
 
     ``transport`` spans the world (its ranks are world ranks), ``world_rank`` is this
-    process's rank in it, ``topology`` the world's rank map, ``timeout_s`` the AFD
-    timeout; ``mispaired`` is the advice a mismatched header's error ends with. Not
-    thread-safe: the owner calls it under its own lock (``interrupt`` and ``close`` may
-    run on any thread).
+    process's rank in it (``role`` and ``role_rank`` its place), ``topology`` the world's
+    rank map, ``timeout_s`` the AFD timeout; ``mispaired`` is the advice a mismatched
+    header's error ends with. The channel owns the transport. Not thread-safe: the owner
+    calls it under its own lock (``interrupt`` and ``close`` may run on any thread).
     """
 
     def __init__(
@@ -71,6 +72,7 @@ class MessageChannel:
         self.world_rank = world_rank
         self.topology = topology
         self.timeout_s = timeout_s
+        self.role, self.role_rank = topology.role_of_world_rank(world_rank)
         self.fuse = Fuse(f"afd_ascend group {name!r}")
         self._transport = transport
         self._failures = PeerFailures(topology, timeout_s, self.fuse)
@@ -88,9 +90,16 @@ class MessageChannel:
         self.interrupt()
         self._transport.close()
 
-    def drop_pending(self) -> None:
-        """Forget the pending sends (after :meth:`close`, under the owner's lock)."""
-        self._pending.clear()
+    def close_under(self, lock: threading.Lock) -> None:
+        """:meth:`close`, then forget the pending sends under the owner's ``lock``. A call
+        woken by the interrupt returns at once; a lock still taken after ``timeout_s``
+        means its thread is gone, and the pending sends go with the channel then."""
+        self.close()
+        if lock.acquire(timeout=self.timeout_s):
+            try:
+                self._pending.clear()
+            finally:
+                lock.release()
 
     def describe(self, world_rank: int) -> str:
         """``"attention rank 1 (world rank 3)"``."""

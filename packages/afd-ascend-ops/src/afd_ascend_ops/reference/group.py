@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -56,10 +55,6 @@ from afd_ascend_ops.reference.channel import MessageChannel, check_positive, wir
 from afd_ascend_ops.schemas import blocks_per_ffn_rank
 from afd_core.errors import AFDConfigError, AFDProtocolError
 from afd_core.failures import guarded
-from afd_core.topology import Topology
-
-if TYPE_CHECKING:
-    from afd_core.transport import Transport
 
 #: The end of a mispaired message's error.
 MISPAIRED = (
@@ -72,28 +67,21 @@ MISPAIRED = (
 class ReferenceGroup:
     """The group one ``group_ep`` name stands for (see the module docstring).
 
-    ``transport`` spans the world (its ranks are world ranks), ``world_rank`` is this
-    process's rank in it, ``topology`` the world's rank map; every call is bounded by
-    ``timeout_s``. The group owns the transport: :meth:`close` closes it.
+    ``channel`` carries its messages over the world (built with :data:`MISPAIRED`);
+    every call is bounded by the channel's ``timeout_s``. The group owns the channel and
+    its transport: :meth:`close` closes them.
     """
 
-    def __init__(
-        self,
-        name: str,
-        transport: Transport,
-        world_rank: int,
-        topology: Topology,
-        timeout_s: float,
-    ) -> None:
-        self.name = name
-        self.world_rank = world_rank
-        self.topology = topology
-        self.timeout_s = timeout_s
-        self._channel = MessageChannel(name, transport, world_rank, topology, timeout_s, MISPAIRED)
-        self._fuse = self._channel.fuse
-        self._role, self._role_rank = topology.role_of_world_rank(world_rank)
+    def __init__(self, channel: MessageChannel) -> None:
+        self._channel = channel
+        self._fuse = channel.fuse
         self._lock = threading.Lock()
         self._sent_rows: int | None = None  # attention: rows of the a2e awaiting its e2a
+
+    @property
+    def name(self) -> str:
+        """The ``group_ep`` / ``group_name`` the ops are called with."""
+        return self._channel.name
 
     # -- life cycle ------------------------------------------------------------------
 
@@ -103,14 +91,7 @@ class ReferenceGroup:
 
     def close(self) -> None:
         """Interrupt, release the transport and drop the pending sends (idempotent)."""
-        self._channel.close()
-        # A call woken by the interrupt returns at once; a lock that stays taken means
-        # its thread is gone, and the pending sends go with this object then.
-        if self._lock.acquire(timeout=self.timeout_s):
-            try:
-                self._channel.drop_pending()
-            finally:
-                self._lock.release()
+        self._channel.close_under(self._lock)
 
     # -- the ops ---------------------------------------------------------------------
 
@@ -136,7 +117,7 @@ class ReferenceGroup:
         if gated:
             check_positive("a2e", "topk (with compute_gate=1)", topk)
         with self._lock:
-            if self._role == "attention":
+            if self._channel.role == "attention":
                 self._send_attention_rows(x, expert_ids, scales, hidden_size, topk, gated, dtype)
                 return self._attention_a2e_outputs(x, blocks)
             expected = self._expected_rows(expert_ids)
@@ -161,7 +142,7 @@ class ReferenceGroup:
         dtype = wire_dtype("e2a", self.name, "expand_x", expand_x)
         check_positive("e2a", "hidden_size", hidden_size)
         with self._lock:
-            if self._role == "attention":
+            if self._channel.role == "attention":
                 return self._receive_result(expand_x, hidden_size, dtype)
             members = self._block_counts(atten_batch_size, blocks, expand_x, batch_size)
             self._send_block_results(expand_x, members, hidden_size, dtype)
@@ -195,12 +176,12 @@ class ReferenceGroup:
         if gated:
             body.append(routing_as_bytes(expert_ids, scales, rows, topk, self.name))
         peer = self._ffn_peer()
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + self._channel.timeout_s
         self._channel.finish_sends(peer, deadline)
         header = MessageHeader(
             "a2e",
             self._channel.next_call(peer),
-            self.world_rank,
+            self._channel.world_rank,
             peer,
             rows,
             hidden_size,
@@ -215,8 +196,10 @@ class ReferenceGroup:
         """The attention side's outputs: placeholders, and its own row count at its
         place in its FFN rank's block (what that FFN rank's ``atten_batch_size`` holds)."""
         counts = torch.zeros(blocks, dtype=torch.int32)
-        block = self.topology.block_of(self.topology.ffn_rank_of(self._role_rank))
-        counts[self._role_rank - block.start] = x.shape[0]
+        block = self._channel.topology.block_of(
+            self._channel.topology.ffn_rank_of(self._channel.role_rank)
+        )
+        counts[self._channel.role_rank - block.start] = x.shape[0]
         return [
             torch.zeros((1, 1), dtype=x.dtype),
             torch.zeros((1, 1), dtype=torch.int32),
@@ -239,12 +222,14 @@ class ReferenceGroup:
                 "tensor with as many rows as that a2e's x"
             )
         peer = self._ffn_peer()
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + self._channel.timeout_s
         seq = self._channel.next_call(peer)
         head = torch.empty(MessageHeader.SIZE, dtype=torch.uint8)
         head_recv = self._channel.post(peer, head, send=False)
         self._channel.wait(head_recv, deadline, f"e2a call {seq} on group {self.name!r}")
-        expected = MessageHeader("e2a", seq, peer, self.world_rank, rows, hidden_size, dtype)
+        expected = MessageHeader(
+            "e2a", seq, peer, self._channel.world_rank, rows, hidden_size, dtype
+        )
         self._channel.check(head, expected)
         self._channel.finish_sends(peer, deadline)
         self._sent_rows = None
@@ -286,7 +271,7 @@ class ReferenceGroup:
             if rows != -1
         ]
         peers = [peer for peer, _ in members]
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + self._channel.timeout_s
         seqs = [self._channel.next_call(peer) for peer in peers]
         heads = [torch.empty(MessageHeader.SIZE, dtype=torch.uint8) for _ in peers]
         posted = [self._channel.post(p, h, send=False) for p, h in zip(peers, heads, strict=True)]
@@ -298,7 +283,7 @@ class ReferenceGroup:
                 "a2e",
                 seq,
                 peer,
-                self.world_rank,
+                self._channel.world_rank,
                 rows or 0,
                 hidden_size,
                 dtype,
@@ -385,14 +370,14 @@ class ReferenceGroup:
                 f"hidden_size={hidden_size}], not {list(expand_x.shape)}"
             )
         out = rows_as_bytes(expand_x)
-        deadline = time.monotonic() + self.timeout_s
+        deadline = time.monotonic() + self._channel.timeout_s
         start = 0
         for peer, rows in members:
             self._channel.finish_sends(peer, deadline)
             header = MessageHeader(
                 "e2a",
                 self._channel.next_call(peer),
-                self.world_rank,
+                self._channel.world_rank,
                 peer,
                 rows,
                 hidden_size,
@@ -405,8 +390,8 @@ class ReferenceGroup:
 
     def _check_world(self, op: str, ffn_ranks: int, attention_ranks: int, rank: int) -> int:
         """``ceil(A / F)`` once the op's world arguments match this group's world."""
-        topology = self.topology
-        ours = (topology.num_ffn_ranks, topology.num_attention_ranks, self.world_rank)
+        topology = self._channel.topology
+        ours = (topology.num_ffn_ranks, topology.num_attention_ranks, self._channel.world_rank)
         if (ffn_ranks, attention_ranks, rank) != ours:
             raise ValueError(
                 f"afd_ascend::{op} on group {self.name!r}: expert_rank_size={ffn_ranks}, "
@@ -422,8 +407,10 @@ class ReferenceGroup:
         return blocks_per_ffn_rank(attention_ranks, ffn_ranks)
 
     def _ffn_peer(self) -> int:
-        return self.topology.world_rank("ffn", self.topology.ffn_rank_of(self._role_rank))
+        return self._channel.topology.world_rank(
+            "ffn", self._channel.topology.ffn_rank_of(self._channel.role_rank)
+        )
 
     def _block_peers(self) -> list[int]:
-        block = self.topology.block_of(self._role_rank)
-        return [self.topology.world_rank("attention", a) for a in block]
+        block = self._channel.topology.block_of(self._channel.role_rank)
+        return [self._channel.topology.world_rank("attention", a) for a in block]

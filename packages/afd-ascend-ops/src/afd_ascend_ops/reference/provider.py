@@ -74,10 +74,14 @@ class ReferenceOpProvider(OpProvider):
         """
         # Importing the ops registers them: the names are useless without them.
         import afd_ascend_ops.ops  # noqa: F401
-        from afd_ascend_ops.reference.async_group import AsyncGroup
-        from afd_ascend_ops.reference.group import ReferenceGroup
+        from afd_ascend_ops.reference import async_group
+        from afd_ascend_ops.reference import group as p2p_group
+        from afd_ascend_ops.reference.channel import MessageChannel
 
-        kind = ReferenceGroup if self._family == "p2p" else AsyncGroup
+        if self._family == "p2p":
+            kind, mispaired = p2p_group.ReferenceGroup, p2p_group.MISPAIRED
+        else:
+            kind, mispaired = async_group.AsyncGroup, async_group.MISPAIRED
 
         if num_stages < 1:
             raise ValueError(f"ReferenceOpProvider.open: num_stages must be >= 1, not {num_stages}")
@@ -97,15 +101,12 @@ class ReferenceOpProvider(OpProvider):
         try:
             for stage in range(num_stages):
                 transport = site.opener.open_gloo(stage_prefix(stage))
-                group = kind(
-                    f"afd_ascend-ref-{self._family}-{token}-stage{stage}",
-                    transport,
-                    site.world_rank,
-                    site.topology,
-                    site.timeout_s,
+                name = f"afd_ascend-ref-{self._family}-{token}-stage{stage}"
+                channel = MessageChannel(
+                    name, transport, site.world_rank, site.topology, site.timeout_s, mispaired
                 )
-                opened.append(group)
-                registry.register(group.name, group)
+                opened.append(kind(channel))
+                registry.register(name, opened[-1])
             with self._lock:
                 if self._interrupted:
                     raise AFDShutdown("afd_ascend: the op provider was closed during open()")
