@@ -29,6 +29,14 @@ def test_a2e_and_e2a_are_exactly_the_prior_arts_schemas():
     assert SCHEMAS["e2a"] == one_line(PRIOR_ART_E2A)
 
 
+def test_a_record_of_an_ops_arguments_takes_what_the_dispatcher_passes():
+    from afd_ascend_ops.schemas import A2E, OP_ARGS
+
+    # The dispatcher drops trailing arguments equal to their defaults; the record has them.
+    assert A2E("x", None, None, 4).hidden_size == 0 and A2E("x").group_ep == ""
+    assert [args.schema() for args in OP_ARGS.values()] == list(SCHEMAS.values())
+
+
 def test_the_cam_async_ops_are_the_compact_v2_names_without_defaults():
     assert list(SCHEMAS) == [
         "a2e",

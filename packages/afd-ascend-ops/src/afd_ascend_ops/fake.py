@@ -21,35 +21,35 @@ The CAM async ops: both sends return ``[1] int8``; dispatch recv returns ``expan
 int64`` (see :func:`~afd_ascend_ops.schemas.dispatch_capacity`); combine recv returns
 ``[batch_size, H]`` (dtype of ``expand_x``).
 
-Every function repeats its schema's defaults: the dispatcher drops trailing arguments
-equal to their defaults before calling a Python kernel.
+Each function takes its op's arguments as one record (:mod:`afd_ascend_ops.schemas`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
-from afd_ascend_ops.schemas import batch_info_size, blocks_per_ffn_rank, dispatch_capacity
+from afd_ascend_ops.schemas import (
+    A2E,
+    E2A,
+    CombineRecv,
+    CombineSend,
+    DispatchRecv,
+    DispatchSend,
+    batch_info_size,
+    blocks_per_ffn_rank,
+    dispatch_capacity,
+)
 
 
-def a2e(
-    x: torch.Tensor,
-    expert_ids: torch.Tensor | None = None,
-    scales: torch.Tensor | None = None,
-    batch_size: int = 0,
-    hidden_size: int = 0,
-    topk: int = 0,
-    expert_rank_size: int = 0,
-    attention_rank_size: int = 0,
-    rank: int = 0,
-    group_ep: str = "",
-    aiv_num: int = 0,
-    compute_gate: int = 0,
-) -> list[torch.Tensor]:
+def a2e(a: A2E) -> list[torch.Tensor]:
     """Shapes of ``a2e`` (see the module docstring)."""
-    blocks = blocks_per_ffn_rank(attention_rank_size, expert_rank_size)
-    counts = x.new_empty(blocks, dtype=torch.int32)
-    if rank >= expert_rank_size:
+    x = a.x
+    counts = x.new_empty(blocks_per_ffn_rank(a.attention_rank_size, a.expert_rank_size),
+                         dtype=torch.int32)  # fmt: skip
+    if a.rank >= a.expert_rank_size:
         return [
             x.new_empty((1, 1)),
             x.new_empty((1, 1), dtype=torch.int32),
@@ -57,130 +57,57 @@ def a2e(
             counts,
             x.new_empty(1, dtype=torch.bool),
         ]
-    routing = (batch_size, topk) if compute_gate else (1, 1)
+    routing = (a.batch_size, a.topk) if a.compute_gate else (1, 1)
     return [
-        x.new_empty((batch_size, hidden_size)),
+        x.new_empty((a.batch_size, a.hidden_size)),
         x.new_empty(routing, dtype=torch.int32),
         x.new_empty(routing, dtype=torch.float32),
         counts,
-        x.new_empty(batch_size, dtype=torch.bool),
+        x.new_empty(a.batch_size, dtype=torch.bool),
     ]
 
 
-def e2a(
-    expand_x: torch.Tensor,
-    atten_batch_size: torch.Tensor,
-    batch_size: int = 0,
-    hidden_size: int = 0,
-    topk: int = 0,
-    expert_rank_size: int = 0,
-    attention_rank_size: int = 0,
-    rank: int = 0,
-    group_ep: str = "",
-    aiv_num: int = 0,
-) -> torch.Tensor:
+def e2a(a: E2A) -> torch.Tensor:
     """Shape of ``e2a`` (see the module docstring)."""
-    blocks_per_ffn_rank(attention_rank_size, expert_rank_size)
-    if rank < expert_rank_size:
-        return expand_x.new_empty((1, 1))
-    return expand_x.new_empty((expand_x.shape[0], hidden_size))
+    blocks_per_ffn_rank(a.attention_rank_size, a.expert_rank_size)
+    if a.rank < a.expert_rank_size:
+        return a.expand_x.new_empty((1, 1))
+    return a.expand_x.new_empty((a.expand_x.shape[0], a.hidden_size))
 
 
-def dispatch_send(
-    x: torch.Tensor,
-    expert_ids: torch.Tensor,
-    comm_args: torch.Tensor,
-    comm_id: int,
-    max_seq_len: int,
-    batch_size: int,
-    hidden_size: int,
-    top_k: int,
-    moe_rank_num: int,
-    attn_rank_num: int,
-    route_expert_num_per_moe: int,
-    attn_rank_id: int,
-    world_size: int,
-    layer_index: int,
-    tp_size: int,
-    dynamic_quant: int,
-    group_name: str,
-) -> torch.Tensor:
+def dispatch_send(a: DispatchSend) -> torch.Tensor:
     """``[1] int8``: a send's only output orders later work after it."""
-    return x.new_empty(1, dtype=torch.int8)
+    return a.x.new_empty(1, dtype=torch.int8)
 
 
-def dispatch_recv(
-    x: torch.Tensor,
-    comm_args: torch.Tensor,
-    comm_id: int,
-    max_seq_len: int,
-    hidden_size: int,
-    top_k: int,
-    moe_rank_num: int,
-    attn_rank_num: int,
-    route_expert_num_per_moe: int,
-    moe_rank_id: int,
-    world_size: int,
-    tp_size: int,
-    dynamic_quant: int,
-    group_name: str,
-) -> list[torch.Tensor]:
+def dispatch_recv(a: DispatchRecv) -> list[torch.Tensor]:
     """Shapes of ``afd_async_dispatch_recv`` (see the module docstring)."""
-    capacity = dispatch_capacity(max_seq_len, top_k, route_expert_num_per_moe)
+    x = a.x
+    capacity = dispatch_capacity(a.max_seq_len, a.top_k, a.route_expert_num_per_moe)
     return [
-        x.new_empty((capacity, hidden_size), dtype=torch.int8 if dynamic_quant else x.dtype),
-        x.new_empty(capacity if dynamic_quant else 1, dtype=torch.float32),
-        x.new_empty(batch_info_size(tp_size, route_expert_num_per_moe), dtype=torch.int64),
-        x.new_empty(route_expert_num_per_moe, dtype=torch.int64),
+        x.new_empty((capacity, a.hidden_size), dtype=torch.int8 if a.dynamic_quant else x.dtype),
+        x.new_empty(capacity if a.dynamic_quant else 1, dtype=torch.float32),
+        x.new_empty(batch_info_size(a.tp_size, a.route_expert_num_per_moe), dtype=torch.int64),
+        x.new_empty(a.route_expert_num_per_moe, dtype=torch.int64),
     ]
 
 
-def combine_send(
-    expand_x: torch.Tensor,
-    comm_args: torch.Tensor,
-    batch_info: torch.Tensor,
-    comm_id: int,
-    max_seq_len: int,
-    hidden_size: int,
-    top_k: int,
-    moe_rank_num: int,
-    attn_rank_num: int,
-    route_expert_num_per_moe: int,
-    moe_rank_id: int,
-    world_size: int,
-    tp_size: int,
-    group_name: str,
-) -> torch.Tensor:
+def combine_send(a: CombineSend) -> torch.Tensor:
     """``[1] int8``: a send's only output orders later work after it."""
-    return expand_x.new_empty(1, dtype=torch.int8)
+    return a.expand_x.new_empty(1, dtype=torch.int8)
 
 
-def combine_recv(
-    expand_x: torch.Tensor,
-    expert_ids: torch.Tensor,
-    expert_scales: torch.Tensor,
-    comm_args: torch.Tensor,
-    comm_id: int,
-    batch_size: int,
-    hidden_size: int,
-    top_k: int,
-    moe_rank_num: int,
-    attn_rank_num: int,
-    route_expert_num_per_moe: int,
-    attn_rank_id: int,
-    world_size: int,
-    group_name: str,
-) -> torch.Tensor:
+def combine_recv(a: CombineRecv) -> torch.Tensor:
     """``[batch_size, H]`` in the dtype of ``expand_x`` (the combined tokens)."""
-    return expand_x.new_empty((batch_size, hidden_size))
+    return a.expand_x.new_empty((a.batch_size, a.hidden_size))
 
 
 #: The fake kernel of each op, by op name.
-FAKES = {
-    "a2e": a2e,
-    "e2a": e2a,
-    "afd_async_dispatch_send": dispatch_send,
-    "afd_async_dispatch_recv": dispatch_recv,
-    "afd_async_combine_send": combine_send,
-    "afd_async_combine_recv": combine_recv,
+FAKES: dict[str, Callable[[Any], Any]] = {
+    A2E.OP: a2e,
+    E2A.OP: e2a,
+    DispatchSend.OP: dispatch_send,
+    DispatchRecv.OP: dispatch_recv,
+    CombineSend.OP: combine_send,
+    CombineRecv.OP: combine_recv,
 }

@@ -7,7 +7,10 @@ For each schema of :mod:`afd_ascend_ops.schemas` this module
   same ops and registers only their ``PrivateUse1`` (NPU) kernels may load before or
   after this module. An op that exists with another schema raises AFDInstallError;
 * registers the fake kernel (:mod:`afd_ascend_ops.fake`, also the ``Meta`` kernel) and
-  the ``CPU`` kernel (:mod:`afd_ascend_ops.reference.kernels`).
+  the ``CPU`` kernel (:mod:`afd_ascend_ops.reference.kernels`), each called with the
+  dispatcher's arguments bound to the op's argument record (:func:`bound`; the dispatcher
+  drops trailing arguments equal to their defaults, and the record's defaults restore
+  them).
 
 Upstream's ``afd_plugin._C_ascend`` must not load in the same process: it claims the
 whole namespace (``TORCH_LIBRARY``) and registers ``Meta`` kernels of its own, so one of
@@ -23,7 +26,7 @@ import torch
 
 from afd_ascend_ops import fake
 from afd_ascend_ops.reference import kernels
-from afd_ascend_ops.schemas import NAMESPACE, SCHEMAS
+from afd_ascend_ops.schemas import NAMESPACE, OP_ARGS, SCHEMAS, OpArgs
 from afd_core.errors import AFDInstallError
 
 
@@ -50,13 +53,23 @@ def define_missing(library: torch.library.Library, schema: str) -> bool:
     return False
 
 
+def bound(args: type[OpArgs], kernel: Callable[[Any], Any]) -> Callable[..., Any]:
+    """A kernel with the op's signature that calls ``kernel`` with one ``args`` record."""
+
+    def call(*values: Any, **named: Any) -> Any:
+        return kernel(args(*values, **named))
+
+    call.__name__ = call.__qualname__ = f"{args.OP}_{kernel.__module__.rsplit('.', 1)[-1]}"
+    return call
+
+
 def _register(library: torch.library.Library) -> None:
     for name, schema in SCHEMAS.items():
         define_missing(library, schema)
         qualified = f"{library.ns}::{name}"
-        torch.library.register_fake(qualified, fake.FAKES[name], lib=library)
-        cpu: Callable[..., Any] = kernels.KERNELS[name]
-        library.impl(name, cpu, "CPU")
+        args = OP_ARGS[name]
+        torch.library.register_fake(qualified, bound(args, fake.FAKES[name]), lib=library)
+        library.impl(name, bound(args, kernels.KERNELS[name]), "CPU")
 
 
 #: The registrations live as long as this object: the module keeps it.
