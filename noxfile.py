@@ -92,7 +92,16 @@ def _pytest(session: nox.Session, *test_dirs: str, flags: tuple[str, ...] = ()) 
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff lint and format check."""
+    """ruff lint and format check; ruff's first-party modules are :data:`PACKAGES`."""
+    import tomllib
+
+    isort = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]["lint"]["isort"]
+    modules = sorted(name.replace("-", "_") for name in PACKAGES)
+    if sorted(isort["known-first-party"]) != modules:
+        session.error(
+            f"pyproject.toml [tool.ruff.lint.isort] known-first-party must list {modules} "
+            "(the import names of noxfile.PACKAGES)"
+        )
     session.install(RUFF)
     session.run("ruff", "check", *LINT_PATHS)
     session.run("ruff", "format", "--check", *LINT_PATHS)

@@ -14,7 +14,6 @@ from afd_core.stages import (
     StagePolicy,
     StageSlice,
     plan_request_split,
-    plan_token_split,
 )
 
 #: Splits anything of two tokens or more.
@@ -85,27 +84,7 @@ def test_a_request_without_tokens_is_refused() -> None:
     with pytest.raises(ValueError, match="request 1 schedules 0 tokens"):
         plan_request_split([1, 0], EAGER, decode_only=True)
     with pytest.raises(ValueError, match="request 0 schedules -1 tokens"):
-        plan_token_split([-1], EAGER, decode_only=True)
-
-
-def test_the_token_split_cuts_at_half_rounded_up() -> None:
-    assert plan_token_split([7], EAGER, decode_only=False) == (
-        StageSlice(0, 1, 0, 4),
-        StageSlice(0, 1, 4, 7),
-    )
-    assert plan_token_split([2, 2], EAGER, decode_only=False) == (
-        StageSlice(0, 1, 0, 2),
-        StageSlice(1, 2, 2, 4),
-    )
-    assert plan_token_split([1, 5, 1], EAGER, decode_only=False) == (
-        StageSlice(0, 2, 0, 4),
-        StageSlice(1, 3, 4, 7),
-    )
-
-
-def test_the_token_split_keeps_one_stage_below_the_threshold() -> None:
-    assert plan_token_split([1], EAGER, decode_only=True) == (StageSlice(0, 1, 0, 1),)
-    assert plan_token_split([3, 3], StagePolicy(), decode_only=False) == (StageSlice(0, 2, 0, 6),)
+        plan_request_split([-1, 1], EAGER, decode_only=True)
 
 
 def _covers(stages: tuple[StageSlice, ...], tokens: list[int]) -> None:
@@ -139,25 +118,3 @@ def test_request_split_properties(
     for j in range(1, len(tokens)):
         theirs = (abs(2 * sum(tokens[:j]) - total), abs(2 * j - len(tokens)))
         assert mine <= theirs
-
-
-@given(batches, thresholds, st.booleans())
-def test_token_split_properties(tokens: list[int], threshold: int, decode_only: bool) -> None:
-    policy = StagePolicy(decode_token_threshold=threshold, prefill_token_threshold=threshold)
-    stages = plan_token_split(tokens, policy, decode_only=decode_only)
-    _covers(stages, tokens)
-    total = sum(tokens)
-    assert len(stages) == (2 if total >= threshold else 1)
-    if len(stages) == 1:
-        return
-    first, second = stages
-    assert first.num_tokens == (total + 1) // 2 and second.num_tokens == total // 2
-    # Each stage holds exactly the requests that own one of its tokens.
-    starts = [sum(tokens[:i]) for i in range(len(tokens))]
-    for stage in stages:
-        owners = [
-            i
-            for i, start in enumerate(starts)
-            if start < stage.token_stop and start + tokens[i] > stage.token_start
-        ]
-        assert (stage.request_start, stage.request_stop) == (owners[0], owners[-1] + 1)

@@ -8,9 +8,6 @@ planner decides where to cut; it is pure (no torch, no vLLM) and so are its rule
   requests, the one whose token split is nearest half the step's tokens; on a tie the one
   nearest half the requests; on a further tie the earlier one. No split (one stage) with
   fewer than two requests or fewer tokens than the policy's threshold.
-* :func:`plan_token_split` cuts at ``ceil(T/2)`` tokens, through a request if need be (for
-  deployments whose stages must have even sizes, such as attention tensor parallelism with
-  a 1/T share per rank). No split below the threshold.
 
 The thresholds (:class:`StagePolicy`) follow vLLM's DBO settings and their defaults
 (``dbo_decode_token_threshold`` 32, ``dbo_prefill_token_threshold`` 512): a batch of
@@ -73,7 +70,7 @@ class StageSlice:
     """The part of a step's batch that one stage runs.
 
     Requests ``request_start .. request_stop - 1`` (batch order) and the step's tokens
-    ``token_start .. token_stop - 1``; with a token split a request may be in both stages.
+    ``token_start .. token_stop - 1``.
     """
 
     request_start: int
@@ -132,27 +129,3 @@ def plan_request_split(
     k = best[2]
     cut = sum(tokens_per_request[:k])
     return (StageSlice(0, k, 0, cut), StageSlice(k, n, cut, total))
-
-
-def plan_token_split(
-    tokens_per_request: Sequence[int], policy: StagePolicy, *, decode_only: bool
-) -> tuple[StageSlice, ...]:
-    """The stages of a step cut at ``ceil(T/2)`` of its ``T`` tokens.
-
-    Returns one stage below the policy's threshold, else two; the request holding token
-    ``ceil(T/2) - 1`` and token ``ceil(T/2)`` (if they are one) is in both stages. Raises
-    ValueError for a request with fewer than one token.
-    """
-    total = _check_tokens(tokens_per_request)
-    n = len(tokens_per_request)
-    if total < policy.threshold(decode_only=decode_only):
-        return _one_stage(n, total)
-    cut = -(-total // 2)
-    prefix, k = 0, 0
-    while prefix + tokens_per_request[k] <= cut:  # requests wholly before the cut
-        prefix += tokens_per_request[k]
-        k += 1
-        if prefix == cut:
-            return (StageSlice(0, k, 0, cut), StageSlice(k, n, cut, total))
-    # Request k holds tokens prefix .. prefix + tokens[k] - 1, across the cut.
-    return (StageSlice(0, k + 1, 0, cut), StageSlice(k, n, cut, total))
