@@ -14,9 +14,8 @@ The other design, each TP rank exchanging a 1/T share of the tokens and gatherin
 results, cuts the bytes per link by T but makes each FFN rank take T senders per
 attention rank (T times the messages, each 1/T the size) and needs the FFN side to know
 the TP layout; the broadcast keeps the FFN side as it is and adds one collective on the
-attention side's own TP group. Measured at TP 2 over gloo (``benchmarks/tp_exchange.py``,
-docs/performance.md) the broadcast design takes 0.49-0.74x the split's time per layer: at
-decode sizes a layer costs its messages, not its bytes.
+attention side's own TP group. The measurement that chose it is in docs/performance.md
+("Attention TP"; ``benchmarks/tp_exchange.py``).
 
 Both kinds of rank run every forward in the same order (vLLM's TP workers execute the
 same scheduled batches, dummy runs and warm-ups), so each exchange on the leader meets
