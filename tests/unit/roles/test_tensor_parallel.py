@@ -51,3 +51,16 @@ def test_steps_are_the_leaders_to_announce():
     assert follower.replay_step(5, lambda: "replayed") == "replayed"
     with pytest.raises(AFDConfigError, match="tensor_parallel_size > 1"):
         follower.begin_stages((2, 2))
+
+
+@pytest.mark.parametrize("name", ["dummy_flags", "begin_step", "begin_stages", "graph_capture",
+                                  "replay_step", "exchange", "exchange_experts"])  # fmt: skip
+def test_the_follower_and_the_step_driver_take_the_runners_calls_alike(name: str) -> None:
+    import inspect
+
+    from afd_attention.step_driver import ForwardDriver, StepDriver
+
+    def params(cls: type) -> list[str]:
+        return list(inspect.signature(getattr(cls, name)).parameters)
+
+    assert params(TPFollower) == params(StepDriver) == params(ForwardDriver), name

@@ -43,8 +43,13 @@ from contextlib import nullcontext
 from typing import Any
 
 from afd_attention.stage_scheduler import NUM_STAGES
-from afd_attention.step_driver import METADATA_KEY, SCHEDULED, StepDriver, StepFlags
-from afd_attention.tensor_parallel import TPFollower
+from afd_attention.step_driver import (
+    METADATA_KEY,
+    SCHEDULED,
+    ForwardDriver,
+    StepDriver,
+    StepFlags,
+)
 from afd_attention.two_stages import TwoStageForward
 from afd_core.errors import AFDError
 from afd_core.stages import StageSlice
@@ -58,11 +63,11 @@ PROFILE = StepFlags(is_profile=True)
 class _DriverHolder:
     #: Set by the attention worker after the model is loaded and the connector is up (a
     #: TPFollower on a tensor-parallel rank other than the leader).
-    afd_driver: StepDriver | TPFollower | None = None
+    afd_driver: ForwardDriver | None = None
     #: Set with the driver when steps run two stages (``"num_stages": 2``).
     afd_stages: TwoStageForward | None = None
 
-    def _afd_require_driver(self) -> StepDriver | TPFollower:
+    def _afd_require_driver(self) -> ForwardDriver:
         driver = self.afd_driver
         if driver is None:
             raise AFDError(
@@ -138,7 +143,7 @@ class AttentionRunnerCore(_DriverHolder):
 
     def _afd_run_stages(
         self,
-        driver: StepDriver,
+        driver: ForwardDriver,
         base: Callable[..., Any],
         plan: tuple[StageSlice, ...],
         num_tokens: int,

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from afd_core.connector import Connector, ExpertRouting, WireSpec
 from afd_core.errors import AFDProtocolError
@@ -97,6 +97,30 @@ def stream_is_capturing() -> bool:
     import torch
 
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+class ForwardDriver(Protocol):
+    """What the attention runner asks of the driver of its forwards: :class:`StepDriver`
+    on the rank that talks to the FFN role, :class:`~afd_attention.tensor_parallel.TPFollower`
+    on the other tensor-parallel ranks (each method as :class:`StepDriver` documents it)."""
+
+    def dummy_flags(self, flags: StepFlags) -> AbstractContextManager[None]: ...
+
+    def begin_step(self, num_tokens: int, flags: StepFlags = ...) -> object: ...
+
+    def begin_stages(self, stage_tokens: Sequence[int], flags: StepFlags = ...) -> object: ...
+
+    def graph_capture(self) -> AbstractContextManager[None]: ...
+
+    def replay_step(self, num_tokens: int, replay: Callable[[], T]) -> T: ...
+
+    def exchange(
+        self, hidden: Any, router_logits: Any | None, layer: int, routing: Any | None = None
+    ) -> Any: ...
+
+    def exchange_experts(
+        self, hidden: Any, topk_weights: Any, topk_ids: Any, layer: int
+    ) -> Any: ...
 
 
 class StepDriver:
