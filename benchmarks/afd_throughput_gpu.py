@@ -6,7 +6,7 @@ for every layout ``xAyF`` of ``--layouts``, on ``N = x + y`` GPUs two ways:
 
 * AFD: attention rank ``a`` on GPU ``a``, FFN rank ``f`` on GPU ``x + f``
   (``DeploymentSpec.rank_gpus``), over ``--connector`` (default ``P2pNcclAFDConnector``;
-  ``DeepEPM2NAFDConnector`` for expert-routed layouts), with ``--num-stages``;
+  ``ExpertRoutedAFDConnector`` for expert-routed layouts), with ``--num-stages``;
 * monolithic vLLM on the same N GPUs (``--monolithic``): ``replicas``, one server per GPU
   (data parallelism without any collective: the most a model that fits one GPU gets);
   ``dp``, one server with ``--data-parallel-size N``; ``ep``, the same with

@@ -1,4 +1,4 @@
-"""Per-layer exchange of DeepEPM2NAFDConnector (gloo) against raw gloo and against P2P.
+"""Per-layer exchange of ExpertRoutedAFDConnector (gloo) against raw gloo and against P2P.
 
 Processes on this host: ``--ffn-ranks`` FFN ranks and one attention rank (1A2F by
 default). Every layer routes each token to ``TOP_K`` of ``NUM_EXPERTS`` experts (seeded,
@@ -98,13 +98,13 @@ def _raw_group(rank: int, size: int, port: int) -> Any:
 
 
 def _connector(role: str, rank: int, port: int, ffn_ranks: int) -> Any:
-    from afd_connectors_gpu.deepep_m2n import DeepEPM2NAFDConnector
+    from afd_connectors_gpu.expert_routed import ExpertRoutedAFDConnector
     from afd_core.config import AFDConfig
     from afd_core.connector import WireSpec
 
     config = AFDConfig(
         role=role,  # type: ignore[arg-type]
-        connector="DeepEPM2NAFDConnector",
+        connector="ExpertRoutedAFDConnector",
         port=port,
         num_attention_ranks=1,
         num_ffn_ranks=ffn_ranks,
@@ -121,7 +121,7 @@ def _connector(role: str, rank: int, port: int, ffn_ranks: int) -> Any:
         top_k=TOP_K,
         exchange_layer_ids=tuple(range(BLOCK)),
     )
-    conn = DeepEPM2NAFDConnector(config, rank, wire)
+    conn = ExpertRoutedAFDConnector(config, rank, wire)
     conn.initialize()
     return conn
 

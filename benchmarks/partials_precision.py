@@ -1,7 +1,7 @@
 """What ``partials_dtype`` does to the expert-routed connectors' agreement with monolithic vLLM.
 
 For each tiny model, starts a plain vLLM server twice (the baseline: two monolithic runs)
-and, for each expert-routed connector (``DeepEPM2NAFDConnector`` over gloo,
+and, for each expert-routed connector (``ExpertRoutedAFDConnector`` over gloo,
 ``CAMAsyncAFDConnector``) and each ``partials_dtype`` (``model``, ``float32``), a 1A2F
 deployment; sends every server the same two workloads and compares with the first
 monolithic server:
@@ -14,7 +14,7 @@ monolithic server:
 Usage (about 15 minutes on a 2-core host)::
 
     python benchmarks/partials_precision.py [--models tiny-qwen3-moe tiny-deepseek-v2]
-        [--connectors DeepEPM2NAFDConnector CAMAsyncAFDConnector]
+        [--connectors ExpertRoutedAFDConnector CAMAsyncAFDConnector]
 
 Prints one line per (model, server) and the host's processor.
 """
@@ -96,7 +96,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--models", nargs="+", default=["tiny-qwen3-moe", "tiny-deepseek-v2"])
     parser.add_argument(
-        "--connectors", nargs="+", default=["DeepEPM2NAFDConnector", "CAMAsyncAFDConnector"]
+        "--connectors", nargs="+", default=["ExpertRoutedAFDConnector", "CAMAsyncAFDConnector"]
     )
     args = parser.parse_args()
     print(f"host: {cpu_model()}, load {load_average()}")
@@ -114,7 +114,7 @@ def main() -> int:
             for connector in args.connectors:
                 for partials in ("model", "float32"):
                     extra: dict[str, Any] = {"partials_dtype": partials}
-                    if connector == "DeepEPM2NAFDConnector":
+                    if connector == "ExpertRoutedAFDConnector":
                         extra["transport"] = "gloo"
                     spec = DeploymentSpec(
                         model=model,

@@ -28,7 +28,7 @@ from typing import Any
 # The reference connector: parsing the AFD config imports it, nothing connects.
 CONNECTOR = "P2pGlooAFDConnector"
 # The expert-routed connector, and the FFN rank counts its loopback runs split experts over.
-EXPERT_CONNECTOR = "DeepEPM2NAFDConnector"
+EXPERT_CONNECTOR = "ExpertRoutedAFDConnector"
 EXPERT_FFN_RANKS = (1, 2)
 NEW_TOKENS = 8
 KV_CACHE_BYTES = 64 * 1024 * 1024

@@ -470,7 +470,7 @@ def ffn_status(server: VllmServer) -> tuple[int, dict[str, Any]]:
     [
         pytest.param("P2pGlooAFDConnector", 1, id="p2p-2A1F"),
         pytest.param(
-            "DeepEPM2NAFDConnector", 2, id="expert-routed-2A2F", marks=pytest.mark.extended
+            "ExpertRoutedAFDConnector", 2, id="expert-routed-2A2F", marks=pytest.mark.extended
         ),
     ],
 )
@@ -496,7 +496,7 @@ def test_replacing_one_attention_server_of_two_leaves_the_other_serving(
         num_attention_ranks=2,
         num_ffn_ranks=num_ffn_ranks,
         connector=connector,
-        compute_gate_on_attention=connector == "DeepEPM2NAFDConnector",
+        compute_gate_on_attention=connector == "ExpertRoutedAFDConnector",
         afd_process_group_timeout_s=PEER_TIMEOUT_S,
     )
     with LocalDeployment(spec, work_dir=tmp_path, cache_root=vllm_cache_root) as deployment:

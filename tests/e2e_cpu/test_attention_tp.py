@@ -4,7 +4,7 @@
 TP rank 0 of the attention server is the attention rank: it exchanges with the FFN role
 and broadcasts each result over vLLM's TP group; TP rank 1 takes it from there
 (:mod:`afd_attention.tensor_parallel`). Cases: 1A1F over ``P2pGlooAFDConnector`` with
-each tiny model, and 1A2F over ``DeepEPM2NAFDConnector`` (gloo) with tiny Qwen3-MoE.
+each tiny model, and 1A2F over ``ExpertRoutedAFDConnector`` (gloo) with tiny Qwen3-MoE.
 Greedy tokens equal monolithic vLLM's at the same TP, top-5 logprobs within
 :data:`TP_RTOL`; every FFN
 rank served each step once (its step and layer counts are the leader's, not twice
@@ -52,7 +52,7 @@ class Case:
 
     @property
     def expert_routed(self) -> bool:
-        return self.connector == "DeepEPM2NAFDConnector"
+        return self.connector == "ExpertRoutedAFDConnector"
 
     @property
     def id(self) -> str:
@@ -65,7 +65,7 @@ CASES = [
     Case("tiny-qwen3-moe"),
     pytest.param(Case("tiny-deepseek-v2"), marks=pytest.mark.extended),
     pytest.param(
-        Case("tiny-qwen3-moe", "DeepEPM2NAFDConnector", num_ffn_ranks=2),
+        Case("tiny-qwen3-moe", "ExpertRoutedAFDConnector", num_ffn_ranks=2),
         marks=pytest.mark.extended,
     ),
 ]

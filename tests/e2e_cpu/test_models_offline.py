@@ -378,7 +378,7 @@ def test_exchange_op_runs_on_every_layer_under_vllm_torch_compile(
             assert run_logprob == pytest.approx(stock_logprob, abs=0.05)
 
 
-# Expert-routed roles (DeepEPM2NAFDConnector's split), served in the child by a loopback
+# Expert-routed roles (ExpertRoutedAFDConnector's split), served in the child by a loopback
 # that routes with afd-core's own helpers -------------------------------------------------
 
 #: Logprob tolerance of expert-routed runs over several FFN ranks: each rank's partial sum

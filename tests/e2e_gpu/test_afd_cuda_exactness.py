@@ -65,7 +65,7 @@ START_TIMEOUT_S = 300.0
 
 NCCL = "P2pNcclAFDConnector"
 #: The expert-routed connector over gloo: every rank shares the attention GPU.
-M2N_GLOO = "DeepEPM2NAFDConnector"
+M2N_GLOO = "ExpertRoutedAFDConnector"
 
 RUNNER_ENV = {
     "v2": {"VLLM_USE_V2_MODEL_RUNNER": "1"},

@@ -1,4 +1,4 @@
-"""DeepEPM2NAFDConnector over NCCL: one process per GPU, FFN ranks first.
+"""ExpertRoutedAFDConnector over NCCL: one process per GPU, FFN ranks first.
 
 Every FFN rank applies a known function per expert (global expert ``e`` multiplies by
 ``e + 1 + layer``) to the rows routed to it, on its GPU; each attention rank checks every
@@ -42,14 +42,14 @@ def wire() -> Any:
 def connect(role: str, rank: int, port: int, a: int, f: int) -> Any:
     import torch
 
-    from afd_connectors_gpu.deepep_m2n import DeepEPM2NAFDConnector
+    from afd_connectors_gpu.expert_routed import ExpertRoutedAFDConnector
     from afd_core.config import AFDConfig
 
     device = rank if role == "ffn" else f + rank
     torch.cuda.set_device(device)
     config = AFDConfig(
         role=role,  # type: ignore[arg-type]
-        connector="DeepEPM2NAFDConnector",
+        connector="ExpertRoutedAFDConnector",
         port=port,
         num_attention_ranks=a,
         num_ffn_ranks=f,
@@ -58,7 +58,7 @@ def connect(role: str, rank: int, port: int, a: int, f: int) -> Any:
         connector_extra_config={"transport": "nccl"},
         expert_placement="balanced",
     )
-    conn = DeepEPM2NAFDConnector(config, rank, wire())
+    conn = ExpertRoutedAFDConnector(config, rank, wire())
     conn.initialize()
     return conn
 

@@ -51,7 +51,7 @@ def _connect(role: str, rank: int, port: int, a: int, f: int, expert: bool) -> A
 
     torch.cuda.set_device(rank if role == "ffn" else f + rank)
     extra = {"transport": "nccl"} if expert else {}
-    name = "DeepEPM2NAFDConnector" if expert else "P2pNcclAFDConnector"
+    name = "ExpertRoutedAFDConnector" if expert else "P2pNcclAFDConnector"
     config = AFDConfig(
         role=role,  # type: ignore[arg-type]
         connector=name,
@@ -65,7 +65,7 @@ def _connect(role: str, rank: int, port: int, a: int, f: int, expert: bool) -> A
         num_stages=2,
     )
     if expert:
-        from afd_connectors_gpu.deepep_m2n import DeepEPM2NAFDConnector as cls
+        from afd_connectors_gpu.expert_routed import ExpertRoutedAFDConnector as cls
     else:
         from afd_connectors_gpu.p2p_nccl import P2pNcclAFDConnector as cls
     conn = cls(config, rank, _wire(expert))

@@ -1,4 +1,4 @@
-"""An attention rank of DeepEPM2NAFDConnector (gloo) leaves and a new server takes its seat.
+"""An attention rank of ExpertRoutedAFDConnector (gloo) leaves and a new server takes its seat.
 
 Real processes over real gloo, 2A2F: every attention rank has a link of its own with
 every FFN rank, and the FFN ranks relay steps over a group of their own. When attention

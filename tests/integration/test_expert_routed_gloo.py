@@ -1,4 +1,4 @@
-"""DeepEPM2NAFDConnector between real processes over real gloo (its CPU transport).
+"""ExpertRoutedAFDConnector between real processes over real gloo (its CPU transport).
 
 Every FFN rank applies a known function per expert (global expert ``e`` multiplies by
 ``e + 1 + layer``) to the rows routed to it; the attention ranks check every combined
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from afd_connectors_gpu.deepep_m2n import DeepEPM2NAFDConnector
+from afd_connectors_gpu.expert_routed import ExpertRoutedAFDConnector
 from afd_core.config import AFDConfig
 from afd_core.connector import ExpertRouting, WireSpec
 from afd_core.metadata import AFDDPMetadata, ControlPayload
@@ -44,7 +44,7 @@ def connect(
     FFN ranks; above 0 they let its links go and accept a replacement."""
     config = AFDConfig(
         role=role,  # type: ignore[arg-type]
-        connector="DeepEPM2NAFDConnector",
+        connector="ExpertRoutedAFDConnector",
         port=port,
         num_attention_ranks=a,
         num_ffn_ranks=f,
@@ -54,7 +54,7 @@ def connect(
         expert_placement="balanced",
         ffn_idle_limit_s=idle_limit_s,
     )
-    conn = DeepEPM2NAFDConnector(config, rank, WIRE)
+    conn = ExpertRoutedAFDConnector(config, rank, WIRE)
     conn.initialize()
     return conn
 

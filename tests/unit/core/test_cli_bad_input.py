@@ -16,7 +16,7 @@ from afd_core.cli import main as afd_main
 P2P = {"role": "ffn", "connector": "P2pGlooAFDConnector"}
 EXPERT = {
     "role": "ffn",
-    "connector": "DeepEPM2NAFDConnector",
+    "connector": "ExpertRoutedAFDConnector",
     "num_ffn_ranks": 2,
     "compute_gate_on_attention": True,
 }

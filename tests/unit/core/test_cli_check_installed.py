@@ -14,7 +14,7 @@ from afd_core.registry import get_registry
 
 #: The expert-routed connectors of this repository, with the settings they need.
 EXPERT_ROUTED = {
-    "DeepEPM2NAFDConnector": {"connector_extra_config": {"transport": "gloo"}},
+    "ExpertRoutedAFDConnector": {"connector_extra_config": {"transport": "gloo"}},
     "CAMAsyncAFDConnector": {"async_dp": True},
 }
 

@@ -39,7 +39,7 @@ class Follower:
 
     def __init__(self) -> None:
         config = AFDConfig(
-            role="ffn", connector="DeepEPM2NAFDConnector", num_attention_ranks=NUM_ATTENTION,
+            role="ffn", connector="ExpertRoutedAFDConnector", num_attention_ranks=NUM_ATTENTION,
             num_ffn_ranks=2, compute_gate_on_attention=True, expert_placement="balanced",
         )  # fmt: skip
         self.fuse = Fuse("test")

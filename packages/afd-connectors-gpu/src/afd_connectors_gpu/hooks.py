@@ -22,9 +22,17 @@ def afd_connectors() -> list[ConnectorSpec]:
             description="Point-to-point connector: gloo control plane, NCCL data plane",
         ),
         ConnectorSpec(
-            name="DeepEPM2NAFDConnector",
-            target="afd_connectors_gpu.deepep_m2n:DeepEPM2NAFDConnector",
+            name="ExpertRoutedAFDConnector",
+            target="afd_connectors_gpu.expert_routed:ExpertRoutedAFDConnector",
             platforms=("cpu", "cuda"),
             description="Expert-routed M:N: routed experts split over the FFN ranks",
+        ),
+        # Its name until afd-connectors-gpu 0.3 (it never used DeepEP); kept so that
+        # existing configs still start.
+        ConnectorSpec(
+            name="DeepEPM2NAFDConnector",
+            target="afd_connectors_gpu.expert_routed:ExpertRoutedAFDConnector",
+            platforms=("cpu", "cuda"),
+            description="Former name of ExpertRoutedAFDConnector (no DeepEP inside)",
         ),
     ]

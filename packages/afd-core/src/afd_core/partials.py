@@ -2,7 +2,7 @@
 
 With an expert-routed connector each FFN rank returns partial results (its experts'
 share of each token's MoE output) and the attention rank adds them. ``partials_dtype``
-(a ``connector_extra_config`` key of ``DeepEPM2NAFDConnector`` and
+(a ``connector_extra_config`` key of ``ExpertRoutedAFDConnector`` and
 ``CAMAsyncAFDConnector``) says in which dtype they travel:
 
 * ``"model"`` (the default): the model's dtype (bfloat16 for the supported checkpoints),

@@ -370,7 +370,7 @@ class P2pAttentionEndpoint(AttentionEndpoint):
         if routing is not None:
             raise AFDProtocolError(
                 "AFD: a P2P connector sends router logits, not expert routing; use an "
-                "expert-routed connector (DeepEPM2NAFDConnector) to route tokens to experts"
+                "expert-routed connector (ExpertRoutedAFDConnector) to route tokens to experts"
             )
         self._inflight.check_free(layer, stage)
         self._exchanges.take(layer, stage)  # raises for no step, another layer or stage

@@ -1,4 +1,4 @@
-"""DeepEPM2NAFDConnector carries two stages per step over either data plane: over NCCL a
+"""ExpertRoutedAFDConnector carries two stages per step over either data plane: over NCCL a
 pair's operations run in posting order, and the endpoints' order pairs
 (tests/unit/roles/test_two_stages_ordered_pairs.py)."""
 
@@ -6,27 +6,27 @@ from __future__ import annotations
 
 import pytest
 
-from afd_connectors_gpu.deepep_m2n import DeepEPM2NAFDConnector
+from afd_connectors_gpu.expert_routed import ExpertRoutedAFDConnector
 from afd_core.config import AFDConfig
 from afd_core.connector import WireSpec
 
 WIRE = WireSpec(hidden_size=16, dtype="bfloat16", num_exchange_layers=2, top_k=2, num_experts=4)
 
 
-def build(transport: str) -> DeepEPM2NAFDConnector:
+def build(transport: str) -> ExpertRoutedAFDConnector:
     config = AFDConfig(
         role="attention",
-        connector="DeepEPM2NAFDConnector",
+        connector="ExpertRoutedAFDConnector",
         num_attention_ranks=2,
         num_ffn_ranks=2,
         compute_gate_on_attention=True,
         connector_extra_config={"transport": transport},
     )
-    return DeepEPM2NAFDConnector(config, 0, WIRE)
+    return ExpertRoutedAFDConnector(config, 0, WIRE)
 
 
 def test_two_stages_are_carried() -> None:
-    assert DeepEPM2NAFDConnector.capabilities.two_stages
+    assert ExpertRoutedAFDConnector.capabilities.two_stages
 
 
 @pytest.mark.parametrize("transport", ["gloo", "nccl"])

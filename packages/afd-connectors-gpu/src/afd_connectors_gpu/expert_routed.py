@@ -1,4 +1,4 @@
-"""``DeepEPM2NAFDConnector``: expert-routed M:N exchange (M attention ranks, N FFN ranks).
+"""``ExpertRoutedAFDConnector``: expert-routed M:N exchange (M attention ranks, N FFN ranks).
 
 The routed experts are split over the FFN ranks in contiguous blocks
 (:mod:`afd_core.placement`); each FFN rank builds and loads only its block. The
@@ -16,7 +16,9 @@ else gloo; set it explicitly when the roles run on different kinds of hosts).
 
 Not built yet, and this is its seam: a DeepEP (NVSHMEM, fixed-capacity low-latency
 buffers) dispatch/combine backend, which would replace the point-to-point endpoints with
-an endpoint pair of the same contract; the name follows the project plan. The exchange
+an endpoint pair of the same contract. Until afd-connectors-gpu 0.3 the connector was
+called ``DeepEPM2NAFDConnector`` after that plan; the old name stays registered for the
+same class, so existing configs still start. The exchange
 is eager: CUDA graphs are refused at start-up (its capabilities have no
 ``cuda_graphs``), since variable routed counts need host synchronisation per
 layer on NCCL today. Importing this module imports no torch.
@@ -55,7 +57,7 @@ _CHOICES: tuple[TransportChoice, ...] = ("auto", "gloo", "nccl")
 
 @dataclass(frozen=True)
 class M2NExtraConfig:
-    """``connector_extra_config`` of :class:`DeepEPM2NAFDConnector`.
+    """``connector_extra_config`` of :class:`ExpertRoutedAFDConnector`.
 
     ``transport``: ``"auto"`` (NCCL with CUDA, else gloo), ``"gloo"`` or ``"nccl"``;
     ``partials_dtype``: ``"model"`` or ``"float32"`` (:mod:`afd_core.partials`).
@@ -67,20 +69,20 @@ class M2NExtraConfig:
     @classmethod
     def parse(cls, raw: Mapping[str, Any]) -> M2NExtraConfig:
         """Parse ``raw`` strictly; AFDConfigError naming any unknown or invalid field."""
-        reject_unknown_fields(raw, ("transport", "partials_dtype"), "DeepEPM2NAFDConnector")
+        reject_unknown_fields(raw, ("transport", "partials_dtype"), "ExpertRoutedAFDConnector")
         transport = raw.get("transport", "auto")
         if transport not in _CHOICES:
             raise AFDConfigError(
                 f"AFD config: connector_extra_config.transport must be one of "
                 f"{list(_CHOICES)}, got {transport!r}"
             )
-        return cls(transport, parse_partials_dtype(raw, "DeepEPM2NAFDConnector"))
+        return cls(transport, parse_partials_dtype(raw, "ExpertRoutedAFDConnector"))
 
 
-class DeepEPM2NAFDConnector(Connector):
+class ExpertRoutedAFDConnector(Connector):
     """AFD connector: expert-routed M:N over gloo or NCCL (see the module docstring)."""
 
-    name = "DeepEPM2NAFDConnector"
+    name = "ExpertRoutedAFDConnector"
     pattern_type = ExpertRouted
 
     def __init__(self, config: AFDConfig, role_rank: int, wire: WireSpec) -> None:
