@@ -15,8 +15,10 @@
 #   1. msopgen gen: a scaffold op project (CMake presets, build.sh, packaging) for the SoC's ops.
 #      Its JSON only names the ops: their definitions (inputs, outputs, attributes, tiling,
 #      shape inference) are ours, from <op>/op_host/*_def.cpp, which replace the generated ones.
-#   2. our sources into the scaffold, keeping csrc's layout (project/op_host, project/op_kernel,
-#      and common/ beside project/), so the "../../common/..." includes resolve unchanged.
+#   2. our sources into the scaffold, flat: each op's op_host and op_kernel files, the shared
+#      headers of common/ into both directories, common/op_host/ into op_host, common/op_kernel/
+#      into op_kernel (every include is by plain name: no path climbs out of a directory the
+#      build compiles), and op_host/afd_build_soc.h naming the SoC (afd_build_target.h).
 #   3. the scaffold's build (cmake under build.sh) makes custom_opp_*.run.
 #   4. the .run installs the package into the Python package.
 set -euo pipefail
@@ -49,12 +51,13 @@ PY
 }
 
 # The scaffold JSON msopgen wants: each op by its CamelCase name, one placeholder input and
-# output (the real ones come from the op definitions copied in step 2).
+# output (the real ones come from the op definitions copied in step 2), spelt as CANN's
+# msopgen guide spells its example's ("float16", format "ND").
 scaffold_json() { python3 - "$@" <<'PY'
 import json, sys
 
 def placeholder(name):
-    return {"name": name, "param_type": "required", "format": ["ND"], "type": ["bf16"]}
+    return {"name": name, "param_type": "required", "format": ["ND"], "type": ["float16"]}
 
 ops = [
     {
@@ -98,15 +101,13 @@ for soc in $socs; do
 
     rm -f "$project"/op_host/*.cpp "$project"/op_host/*.h
     rm -f "$project"/op_kernel/*.cpp "$project"/op_kernel/*.h
-    cp -r "$HERE/common" "$work/common"
+    cp "$HERE"/common/*.h "$HERE"/common/op_host/*.h "$project/op_host/"
+    cp "$HERE"/common/*.h "$HERE"/common/op_kernel/*.h "$project/op_kernel/"
     for op in $ops; do
         cp "$HERE/$op"/op_host/* "$project/op_host/"
         cp "$HERE/$op"/op_kernel/* "$project/op_kernel/"
     done
-    # The kernel build may compile a copy of op_kernel/*.cpp elsewhere: let "../../common/..."
-    # also resolve from the op_kernel directory itself.
-    echo "add_ops_compile_options(ALL OPTIONS -I$project/op_kernel)" \
-        >> "$project/op_kernel/CMakeLists.txt"
+    printf '#pragma once\n#define AFD_BUILD_SOC "%s"\n' "$soc" > "$project/op_host/afd_build_soc.h"
     set_presets "$project/CMakePresets.json" "$soc"
 
     (cd "$project" && bash build.sh)

@@ -141,8 +141,10 @@ def compiler_command(
         cxx, "-std=c++17", "-fsyntax-only", "-Wall", "-Wextra", "-Werror",
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
         f"-DCURRENT_VERSION={release}",  # what torch-npu's own build defines
-        # The binding's own headers, so that a copy of it elsewhere (--source) finds them.
+        # The binding's own headers and the shared ones (included flat, as the kernel build
+        # lays them out), so that a copy of the binding elsewhere (--source) finds them.
         f"-I{CSRC / 'binding'}",
+        f"-I{CSRC / 'common'}",
         *(f"-isystem{path}" for path in system),
         *(str(source) for source in sources),
     ]  # fmt: skip

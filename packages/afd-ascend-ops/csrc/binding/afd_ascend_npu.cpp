@@ -17,7 +17,8 @@
 //     object), so the name is handed to aclnn as the ops' MC2 group attribute, and the CANN op
 //     framework binds the communicator and its windows to the launch.
 //   * Python functions of the module, for the NPU op provider: open_group (collective, before
-//     any exchange on the group), interrupt, close_group (group_registry.h says what they keep).
+//     any exchange on the group; it refuses an NPU the kernels are not built for, afd_socs.h),
+//     interrupt, close_group (group_registry.h says what they keep).
 //
 // Written for this project and never compiled into a module or run: no CANN toolkit or Ascend
 // device was available. Only its syntax was checked, against torch's and the torch-npu wheel's
@@ -30,10 +31,11 @@
 
 #include "op_plugin/utils/op_api_common.h"
 
-#include "../common/afd_mailbox.h"
-#include "../common/afd_protocol.h"
-#include "../common/afd_shapes.h"
-#include "../common/afd_tiling.h"
+#include "afd_mailbox.h"
+#include "afd_protocol.h"
+#include "afd_shapes.h"
+#include "afd_socs.h"
+#include "afd_tiling.h"
 #include "group_registry.h"
 #include "status_message.h"
 
@@ -208,7 +210,7 @@ std::vector<at::Tensor> A2e(const at::Tensor& x, const c10::optional<at::Tensor>
         CheckPositive("a2e", "topk (with compute_gate=1)", topk);
     }
     A2eLaunch in{x.contiguous(), Contiguous(expert_ids), Contiguous(scales), batch_size,
-                 hidden_size, topk, aiv_num, compute_gate, kModeExchange};
+                 hidden_size, topk, group->AivNum(aiv_num), compute_gate, kModeExchange};
     if (world.IsFfn()) {
         TORCH_CHECK_VALUE(!expert_ids.has_value() ||
                               (expert_ids->scalar_type() == at::kInt &&
@@ -324,7 +326,7 @@ at::Tensor E2a(const at::Tensor& expand_x, const at::Tensor& atten_batch_size, i
     int64_t attentionRanks = world.attentionRanks;
     int64_t worldRank = world.rank;
     char* groupEp = group->name.data();
-    int64_t aivNum = aiv_num;
+    int64_t aivNum = group->AivNum(aiv_num);
     int64_t timeoutMs = group->TimeoutMs();
     int64_t stopAddr = group->stop->DeviceAddress();
     EXEC_NPU_CMD(aclnnE2a, input, counts, state, batchSize, hidden_size, topk, ffnRanks,
@@ -336,15 +338,42 @@ at::Tensor E2a(const at::Tensor& expand_x, const at::Tensor& atten_batch_size, i
     return y;
 }
 
+namespace {
+
+// The vector cores of the current device (ACL_DEV_ATTR_VECTOR_CORE_NUM).
+int64_t DeviceVectorCores()
+{
+    int32_t device = 0;
+    int64_t cores = 0;
+    aclError error = aclrtGetDevice(&device);
+    if (error == ACL_SUCCESS) {
+        error = aclrtGetDeviceInfo(static_cast<uint32_t>(device), ACL_DEV_ATTR_VECTOR_CORE_NUM,
+                                   &cores);
+    }
+    TORCH_CHECK(error == ACL_SUCCESS && cores > 0, "afd_ascend: cannot read the vector core "
+                "count of the current NPU (ACL error ", error, "); check the CANN and driver "
+                "versions");
+    return cores;
+}
+
+}  // namespace
+
 // Collective over the group's world: registers `group_ep` for a2e/e2a in this process and zeroes
 // this rank's mailbox control words (a2e in reset mode). Every rank calls it, then the caller
-// runs a barrier on the group before any rank's first a2e or e2a on it.
+// runs a barrier (not on the HCCL group: see afd_mailbox.h) before any rank's first a2e or e2a
+// on it. Refuses an NPU the kernels are not built for (afd_socs.h). `stages`: how many groups
+// the caller opens for stages that may run at once; with more than one, each call is limited
+// to the device's vector cores / stages (group_registry.h, core cap).
 void OpenGroup(const std::string& group_ep, const at::Tensor& anchor, int64_t expert_rank_size,
-               int64_t attention_rank_size, int64_t rank, double timeout_s)
+               int64_t attention_rank_size, int64_t rank, double timeout_s, int64_t stages)
 {
+    const char* soc = aclrtGetSocName();
+    TORCH_CHECK(SocTargetOfDevice(soc) != nullptr, "[AFDInstallError] afd_ascend: this NPU is ",
+                soc == nullptr ? "of an unknown SoC" : soc, "; ", kNoKernelReason);
     TORCH_CHECK_VALUE(anchor.device().type() == c10::DeviceType::PrivateUse1,
                       "afd_ascend: open_group needs an NPU anchor tensor (it picks the device), "
                       "not one on ", anchor.device());
+    TORCH_CHECK_VALUE(stages >= 1, "afd_ascend: stages must be >= 1, not ", stages);
     TORCH_CHECK_VALUE(expert_rank_size >= 1 && attention_rank_size >= expert_rank_size,
                       "afd_ascend: expert_rank_size (", expert_rank_size, ") must be >= 1 and "
                       "attention_rank_size (", attention_rank_size, ") >= it: a2e/e2a pair ranks "
@@ -357,11 +386,19 @@ void OpenGroup(const std::string& group_ep, const at::Tensor& anchor, int64_t ex
                 static_cast<uint32_t>(rank)};
     TORCH_CHECK_VALUE(world.Slots() <= kMaxPeers, "afd_ascend: an FFN rank would serve ",
                       world.Slots(), " attention ranks; the kernels serve at most ", kMaxPeers);
+    int64_t coreCap = 0;
+    if (stages > 1) {
+        int64_t cores = DeviceVectorCores();
+        TORCH_CHECK_VALUE(cores >= stages, "afd_ascend: ", stages, " stages cannot each have "
+                          "vector cores of their own on an NPU with ", cores, "; use fewer stages");
+        coreCap = cores / stages;
+    }
 
     auto group = std::make_shared<Group>();
     group->name = group_ep;
     group->world = world;
     group->timeoutS = timeout_s;
+    group->coreCap = coreCap;
     group->state = at::zeros(Sizes(StateShape(world)), anchor.options().dtype(at::kLong));
     Registry::Get().Add(group);
 
@@ -400,8 +437,11 @@ PYBIND11_MODULE(_C, m)
     m.def("open_group", &afd::binding::OpenGroup, pybind11::arg("group_ep"),
           pybind11::arg("anchor"), pybind11::arg("expert_rank_size"),
           pybind11::arg("attention_rank_size"), pybind11::arg("rank"), pybind11::arg("timeout_s"),
+          pybind11::arg("stages"),
           "Collective: register group_ep (an HCCL communicator name over the FFN-first world) "
-          "for a2e/e2a and zero this rank's mailbox; barrier on the group afterwards.");
+          "for a2e/e2a and zero this rank's mailbox; then a barrier of every rank, not on the "
+          "HCCL group. Refuses an NPU the kernels are not built for. stages: the groups opened "
+          "for stages that may run at once (each call then gets at most cores / stages).");
     m.def(
         "interrupt",
         [](const std::string& group_ep) { afd::binding::Registry::Get().Interrupt(group_ep); },

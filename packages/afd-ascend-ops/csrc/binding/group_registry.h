@@ -9,6 +9,10 @@
 //              (aclrtHostRegister): interrupt() stores 1 with a plain atomic store; a kernel
 //              polling any wait reads it every round and ends with kStatusStopped
 //   timeout    bounds every call (the kernels' spin limit is derived from it)
+//   core cap   with several stages, the vector cores one call may use: the device's vector cores
+//              divided by the stages, so the kernels of every stage fit on the device at once
+//              (each spins in SyncAll until all its cores run; two that each took every core,
+//              on two streams, could wait on each other for ever, as CANN's SyncAll page warns)
 //   pending    attention: rows of the a2e that awaits its e2a (-1: none)
 //   fault      the first error of a call on the group; every later call repeats it (the
 //              message stream can no longer be trusted), as the reference's fuse
@@ -34,7 +38,7 @@
 
 #include "acl/acl_rt.h"
 
-#include "../common/afd_mailbox.h"
+#include "afd_mailbox.h"
 
 namespace afd {
 namespace binding {
@@ -78,10 +82,19 @@ struct Group {
     std::shared_ptr<StopWord> stop = std::make_shared<StopWord>();
     std::mutex calls;        // one call at a time on a group; interrupt() does not take it
     int64_t pendingRows = -1;
+    int64_t coreCap = 0;     // 0: no cap (one stage)
     std::string fault;
     std::atomic<bool> interrupted{false};
 
     int64_t TimeoutMs() const { return static_cast<int64_t>(timeoutS * 1000.0 + 0.5); }
+    // The aiv_num a call passes to the kernel for the aiv_num it was given (0: every core).
+    int64_t AivNum(int64_t requested) const
+    {
+        if (coreCap == 0) {
+            return requested;
+        }
+        return requested > 0 && requested < coreCap ? requested : coreCap;
+    }
 };
 
 class Registry {

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "../common/afd_mailbox.h"
-#include "../common/afd_protocol.h"
+#include "afd_mailbox.h"
+#include "afd_protocol.h"
 
 namespace afd {
 namespace binding {
@@ -209,6 +209,12 @@ inline std::string StatusMessage(const CallSite& site, const int64_t* w,
                     << " announced a message of " << w[2] << " bytes, larger than its mailbox "
                     << "slot of " << w[3] << " bytes; " << kMispaired;
             }
+            break;
+        case kStatusWindowSize:
+            out << "[AFDError] " << where << "the mailbox was laid out in an HCCL window of "
+                << w[2] << " bytes (HCCL_BUFFSIZE where the op was tiled), but the communicator's "
+                << "window on " << me << " has " << w[3] << " bytes; set HCCL_BUFFSIZE to the "
+                << "same value in the environment of every rank before it starts";
             break;
         default:
             out << "[AFDError] " << where << "unknown status code " << w[0]

@@ -12,18 +12,22 @@
 // only (peer index 0).
 //
 // Mailbox. Each rank's HCCL window (the "windows in" memory its peers write into) is laid out
-// alike on every rank, from the same A, F and window size:
+// alike on every rank, from the same A, F and window size (HCCL_BUFFSIZE, equal on every rank):
 //
-//   control: for each peer index i, two u32 words, each alone in a kCtrlStride-byte line:
+//   slots:   from offset 0, slot i, SlotBytes() bytes: the message from peer i:
+//     header (64 bytes) | rows | expert ids (int32 [rows, topk]) | scales (float32 [rows, topk])
+//     each section starting on a kAlign boundary; ids and scales only when gated.
+//   control: right after the last slot, at the window's end (ControlOffset()): for each peer
+//            index i, two u32 words, each alone in a kCtrlStride-byte line:
 //     arrived[i]   written by peer i: (seq + 1) of the last message it completed in slot i
 //     released[i]  written by peer i: (seq + 1) of the last message of this rank it took out
 //                  of its own slot (so this rank may write the next one)
-//   slots:   slot i, SlotBytes() bytes: the message from peer i:
-//     header (64 bytes) | rows | expert ids (int32 [rows, topk]) | scales (float32 [rows, topk])
-//     each section starting on a kAlign boundary; ids and scales only when gated.
 //
+// The control words sit at the window's end, away from its start, where HCCL stages the data of
+// its own collectives on the communicator; and no HCCL collective runs on the group after the
+// reset (the NPU op provider's barrier after it goes through the rendezvous store, not HCCL).
 // 0 in a control word means "nothing yet": the group's reset (a2e in reset mode, run once per
-// rank when the group opens, then a barrier) zeroes the control words of this rank's window.
+// rank when the group opens, then that barrier) zeroes the control words of this rank's window.
 // Only low 32 bits of seq travel in a control word; the header carries all 64 and is checked.
 //
 // State. The binding owns one int64 tensor per group and rank, zeroed when the group opens;
@@ -100,15 +104,21 @@ struct Window {
     uint32_t slots;        // World::Slots()
 
     AFD_FN uint64_t ControlBytes() const { return AlignUp(2ull * slots * kCtrlStride, kAlign); }
-    AFD_FN uint64_t ArrivedOffset(uint32_t i) const { return i * kCtrlStride; }
-    AFD_FN uint64_t ReleasedOffset(uint32_t i) const { return (slots + i) * kCtrlStride; }
     // 0 when the window cannot hold the control words and one slot per peer.
     AFD_FN uint64_t SlotBytes() const
     {
         uint64_t control = ControlBytes();
         return windowBytes <= control ? 0 : (windowBytes - control) / slots / kAlign * kAlign;
     }
-    AFD_FN uint64_t SlotOffset(uint32_t i) const { return ControlBytes() + i * SlotBytes(); }
+    AFD_FN uint64_t SlotOffset(uint32_t i) const { return i * SlotBytes(); }
+    // The control words start right after the last slot (the window's last ControlBytes() when
+    // the window size is a multiple of kAlign, as HCCL_BUFFSIZE's MiB are).
+    AFD_FN uint64_t ControlOffset() const { return slots * SlotBytes(); }
+    AFD_FN uint64_t ArrivedOffset(uint32_t i) const { return ControlOffset() + i * kCtrlStride; }
+    AFD_FN uint64_t ReleasedOffset(uint32_t i) const
+    {
+        return ControlOffset() + (slots + i) * kCtrlStride;
+    }
 };
 
 // Where the sections of one message lie inside its slot, and how large the whole is.

@@ -5,15 +5,12 @@
 // op's group, group_ep), then our own arguments.
 //
 // Needs CANN (>= 8.1, for tiling data declared as a plain C++ struct): the Mc2InitTiling and
-// Mc2CcTiling types come from tiling/tiling_api.h on the host and kernel_tiling/kernel_tiling.h
-// on the device. Never compiled here (no CANN toolkit was available).
+// Mc2CcTiling types come from kernel_tiling/kernel_tiling.h on the host and in the kernel alike
+// (a header CANN generates from its tiling data definitions: ::Mc2InitTiling, ::Mc2CcTiling, the
+// types Mc2CcTilingConfig::GetTiling fills), so both sides see one layout.
 #pragma once
 
-#ifdef __CCE_AICORE__
 #include "kernel_tiling/kernel_tiling.h"
-#else
-#include "tiling/tiling_api.h"
-#endif
 
 #include "afd_tiling.h"
 

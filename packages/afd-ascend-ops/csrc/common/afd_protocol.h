@@ -185,6 +185,10 @@ enum StatusCode : int64_t {
     // A message does not fit its mailbox slot. a: the message's bytes, b: the slot's bytes,
     // c: 1 when the sender found it, 2 when a receiver did (a header announcing too many rows).
     kStatusTooLarge = 8,
+    // The HCCL window the communicator has (HcclOpResParam::winSize, read on the device) is
+    // smaller than the one the tiling laid the mailbox out in (HCCL_BUFFSIZE on the host):
+    // writes would go past it. a: the tiling's window bytes, b: the device's.
+    kStatusWindowSize = 9,
 };
 
 enum WaitKind : int64_t {

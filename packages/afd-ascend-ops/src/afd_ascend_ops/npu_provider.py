@@ -9,9 +9,17 @@ world's rendezvous store (``site.opener.prefix_store``, the reference provider's
 prefixes; one store for every rank, so no per-group store bound to a host) and returns
 each group's HCCL communicator name: the ``group_ep`` / ``group_name`` the kernels look
 the communicator up by. The ``p2p`` family's groups are then registered with the compiled
-extension (``afd_ascend_ops._C.open_group``: the mailbox of this rank zeroed, the world's
-shape and the timeout recorded), followed by a barrier on the group, so no rank writes
-into a peer's mailbox before the peer has zeroed it.
+extension (``afd_ascend_ops._C.open_group``: an NPU the kernels are not built for refused,
+the mailbox of this rank zeroed, the world's shape, the timeout and the number of stages
+recorded), followed by a barrier of every rank on the rendezvous store, so no rank writes
+into a peer's mailbox before the peer has zeroed it. The barrier is not an HCCL one: no HCCL
+collective may run on the group after the reset (it could stage data through the window
+that holds the mailbox, ``csrc/common/afd_mailbox.h``).
+
+Before any group opens, every rank publishes its ``HCCL_BUFFSIZE`` on the store and the
+provider refuses to go on unless all agree: the kernels lay the mailbox out from it, so
+ranks that disagree would write past each other's windows (the kernel itself checks only
+its own rank's window, ``kStatusWindowSize``).
 
 Waits: the compiled kernels bound every device wait by the AFD timeout and poll a stop
 word the host sets: :meth:`~HcclOpProvider.interrupt` sets it for every group
@@ -28,6 +36,7 @@ platform).
 
 from __future__ import annotations
 
+import os
 import threading
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -38,11 +47,44 @@ from torch_npu._C._distributed_c10d import ProcessGroupHCCL
 from afd_ascend_ops import _C
 from afd_ascend_ops.compiled import load_npu_kernels
 from afd_ascend_ops.reference.provider import OpFamily, stage_prefix
-from afd_core.errors import AFDShutdown
+from afd_core.errors import AFDConfigError, AFDPeerError, AFDShutdown
 from afd_core.op_provider import OpProvider
 
 if TYPE_CHECKING:
+    from torch.distributed import Store
+
     from afd_core.op_provider import GroupSite
+
+#: HCCL's window size in MiB when ``HCCL_BUFFSIZE`` is unset, as the tiling assumes
+#: (``csrc/common/op_host/afd_tiling_host.h``).
+DEFAULT_HCCL_BUFFSIZE = "200"
+#: Store prefixes of the window-size agreement and of each stage's post-reset barrier.
+WINDOW_PREFIX = "afd_ascend/window"
+RESET_KEY = "mailbox_reset"
+
+
+def hccl_buffsize() -> str:
+    """This process's ``HCCL_BUFFSIZE`` as HCCL reads it (MiB; HCCL's default when unset)."""
+    return os.environ.get("HCCL_BUFFSIZE", "").strip() or DEFAULT_HCCL_BUFFSIZE
+
+
+def gather_on_store(
+    store: Store, rank: int, world_size: int, key: str, value: str, timeout_s: float
+) -> list[str]:
+    """Every rank's ``value`` of ``key``, in world-rank order: sets this rank's, then waits
+    for all of them (a barrier when the values do not matter). AFDPeerError naming the
+    ranks that did not come within ``timeout_s``."""
+    store.set(f"{key}/{rank}", value)
+    keys = [f"{key}/{peer}" for peer in range(world_size)]
+    try:
+        store.wait(keys, timedelta(seconds=timeout_s))
+    except RuntimeError as exc:
+        missing = [peer for peer, name in enumerate(keys) if not store.check([name])]
+        raise AFDPeerError(
+            f"afd_ascend: world ranks {missing} did not reach '{key}' within {timeout_s} s; "
+            "start every rank of the deployment, or raise afd_process_group_timeout_s"
+        ) from exc
+    return [bytes(store.get(name)).decode() for name in keys]
 
 
 class HcclOpProvider(OpProvider):
@@ -69,15 +111,33 @@ class HcclOpProvider(OpProvider):
         On any failure whatever it opened is closed again."""
         load_npu_kernels(self._family)
         try:
+            self._check_window_sizes(site)
             for stage in range(num_stages):
-                self._open_stage(site, stage)
+                self._open_stage(site, stage, num_stages)
         except BaseException:
             self.close()
             raise
         return tuple(self._names)
 
-    def _open_stage(self, site: GroupSite, stage: int) -> None:
-        """Open stage ``stage``'s group, register it with the extension, then barrier."""
+    @staticmethod
+    def _check_window_sizes(site: GroupSite) -> None:
+        """AFDConfigError unless every rank has the same ``HCCL_BUFFSIZE``."""
+        store = site.opener.prefix_store(WINDOW_PREFIX)
+        sizes = gather_on_store(
+            store, site.world_rank, site.world_size, "hccl_buffsize", hccl_buffsize(),
+            site.timeout_s,
+        )  # fmt: skip
+        if len(set(sizes)) > 1:
+            by_rank = ", ".join(f"world rank {rank}: {size}" for rank, size in enumerate(sizes))
+            raise AFDConfigError(
+                f"afd_ascend: HCCL_BUFFSIZE differs between the ranks ({by_rank} MiB); the "
+                "a2e/e2a mailboxes are laid out in the HCCL window it sizes, so set "
+                "HCCL_BUFFSIZE to one value in the environment of every rank"
+            )
+
+    def _open_stage(self, site: GroupSite, stage: int, num_stages: int) -> None:
+        """Open stage ``stage``'s group, register it with the extension (which zeroes this
+        rank's mailbox), then wait on the store until every rank has done so."""
         with self._lock:
             if self._closed:
                 raise AFDShutdown("afd_ascend: the op provider was closed during open()")
@@ -97,10 +157,11 @@ class HcclOpProvider(OpProvider):
             topology.num_attention_ranks,
             site.world_rank,
             site.timeout_s,
+            num_stages,
         )
         with self._lock:
             self._names.append(name)
-        group.barrier().wait()
+        gather_on_store(store, site.world_rank, site.world_size, RESET_KEY, "1", site.timeout_s)
 
     def interrupt(self) -> None:
         """Set every group's stop word (blocked ops end with ``[AFDShutdown]``, later ones

@@ -2,7 +2,7 @@
 // Written for this project (afd-ascend-ops): the AscendC op definition of A2e (kernel a2e,
 // host entry aclnnA2e). Parameters in the order of a2e_tiling.h's enums; the attributes as
 // common/op_host/afd_def_host.h lays them out. Rows move as bytes, so every row dtype shares one
-// kernel. Needs the CANN host headers; never compiled here (no CANN toolkit was available).
+// kernel. Needs the CANN host headers; never built here (syntax-checked only, csrc/README.md).
 //
 //   inputs   x [rows, H] (attention: its rows; FFN: a [0, H] anchor giving the dtype)
 //            expert_ids (optional) int32: attention, gated: [rows, topk] routing;
@@ -13,7 +13,7 @@
 //            status int64 [24] (afd_protocol.h)
 #include "register/op_def_registry.h"
 
-#include "../../common/op_host/afd_def_host.h"
+#include "afd_def_host.h"
 #include "a2e_shape.h"
 #include "a2e_tiling.h"
 

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Written for this project (afd-ascend-ops): a2e's shape and dtype inference from the shared
-// statement of its output shapes. Needs the CANN host headers; never compiled here.
+// statement of its output shapes. Needs the CANN host headers; syntax-checked only.
 #include "a2e_shape.h"
 
-#include "../../common/op_host/afd_shape_host.h"
+#include "afd_shape_host.h"
 #include "a2e_tiling.h"
 
 namespace ge {

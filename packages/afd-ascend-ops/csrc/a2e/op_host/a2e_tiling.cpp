@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // Written for this project (afd-ascend-ops): a2e's tiling: its attributes and inputs into the
-// shared afd::host::FillTiling. Needs the CANN host headers; never compiled here.
+// shared afd::host::FillTiling. Needs the CANN host headers; syntax-checked only.
 #include "a2e_tiling.h"
 
-#include "../../common/op_host/afd_attrs_host.h"
-#include "../../common/op_host/afd_tiling_host.h"
+#include "afd_attrs_host.h"
+#include "afd_tiling_host.h"
 
 namespace optiling {
 

@@ -12,12 +12,12 @@
 //                   -1 for a member that took no part, zeros past the block.
 //   reset mode      zeroes this rank's mailbox control words (once, when the group opens).
 //
-// The protocol itself is common/op_kernel/afd_exchange.h. AscendC device code; never compiled
-// here (no CANN toolkit or Ascend device was available).
+// The protocol itself is common/op_kernel/afd_exchange.h. AscendC device code; never built or
+// run here (no CANN toolkit or Ascend device); syntax-checked only (csrc/README.md).
 #include "kernel_operator.h"
 
-#include "../../common/afd_op_tiling.h"
-#include "../../common/op_kernel/afd_exchange.h"
+#include "afd_op_tiling.h"
+#include "afd_exchange.h"
 
 using afd::kernel::Exchange;
 using afd::kernel::Peers;
@@ -84,7 +84,7 @@ extern "C" __global__ __aicore__ void a2e(GM_ADDR x, GM_ADDR expertIds, GM_ADDR 
 
     AscendC::TPipe pipe;
     Exchange exchange;
-    exchange.Init(t, tiling, state, status, workspace, &pipe);
+    exchange.Init(tilingData, state, status, workspace, &pipe);
     if (t.mode == afd::kModeReset) {
         exchange.Reset();
         exchange.Finish();

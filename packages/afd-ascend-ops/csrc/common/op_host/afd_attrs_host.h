@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Written for this project (afd-ascend-ops): reading an op's attributes by index, in the
 // tiling and the shape inference alike (both contexts expose GetAttrs()). Header only.
-// Needs the CANN host headers; never compiled here (no CANN toolkit was available).
+// Needs the CANN host headers; never built here (syntax-checked only, csrc/README.md).
 #pragma once
 
 #include "register/op_def_registry.h"

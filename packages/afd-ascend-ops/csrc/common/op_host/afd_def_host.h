@@ -8,16 +8,16 @@
 //   <the op's own>   a2e: compute_gate, mode
 //   AddControlAttrs  timeout_ms, stop_addr            (ours: the binding fills them)
 //
-// Header only, like afd_tiling_host.h. Needs the CANN host headers; never compiled here.
+// Header only, like afd_tiling_host.h. Needs the CANN host headers; its syntax is checked
+// against the public CANN headers (csrc/README.md).
 #pragma once
 
 #include "register/op_def_registry.h"
 
+#include "afd_build_target.h"
+
 namespace afd {
 namespace host {
-
-// The SoCs the ops are built for; keep in step with csrc/op_registry.json.
-constexpr const char* kSocs[] = {"ascend910_93"};
 
 inline void AddWorldAttrs(ops::OpDef& def)
 {
@@ -37,13 +37,11 @@ inline void AddControlAttrs(ops::OpDef& def)
     def.Attr("stop_addr").AttrType(ops::REQUIRED).Int();   // the host-mapped stop word
 }
 
-// Vector-core kernels on every SoC of kSocs, bound to the HCCL communicator named by the
-// group_ep attribute (MC2: the kernel gets that communicator's context and windows).
+// A vector-core kernel on the SoC this package is built for, bound to the HCCL communicator
+// named by the group_ep attribute (MC2: the kernel gets that communicator's context and windows).
 inline void AddKernelConfig(ops::OpDef& def)
 {
-    for (const char* soc : kSocs) {
-        def.AICore().AddConfig(soc);
-    }
+    def.AICore().AddConfig(kBuildTarget.buildName);
     def.MC2().HcclGroup("group_ep");
 }
 

@@ -2,12 +2,12 @@
 // Written for this project (afd-ascend-ops): what both ops' shape inference share: reading
 // the world from the attributes and writing an afd::Dims (afd_shapes.h, the one statement of
 // the output shapes) into a gert::Shape. Header only, like afd_tiling_host.h.
-// Needs the CANN host headers; never compiled here (no CANN toolkit was available).
+// Needs the CANN host headers; never built here (syntax-checked only, csrc/README.md).
 #pragma once
 
 #include "register/op_def_registry.h"
 
-#include "../afd_shapes.h"
+#include "afd_shapes.h"
 #include "afd_attrs_host.h"
 
 namespace afd {

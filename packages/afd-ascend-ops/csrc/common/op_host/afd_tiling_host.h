@@ -5,8 +5,9 @@
 // group_ep), and sets the launch: block dim, batch schedule mode, workspace.
 //
 // Header only: the msopgen op_host build compiles every .cpp in an op's op_host directory, and
-// this file is shared by both ops from csrc/common (build_kernels.sh keeps that layout).
-// Needs the CANN host headers; never compiled here (no CANN toolkit was available).
+// build_kernels.sh copies the shared headers flat into it. Needs the CANN host headers; never
+// built into a package here (no CANN toolkit); its syntax is checked against the public CANN
+// headers (csrc/README.md).
 #pragma once
 
 #include <cstdio>
@@ -14,12 +15,14 @@
 #include <cstring>
 
 #include "register/op_def_registry.h"
+#include "tiling/hccl/hccl_tiling.h"
 #include "tiling/platform/platform_ascendc.h"
 #include "tiling/tiling_api.h"
 
-#include "../afd_mailbox.h"
-#include "../afd_op_tiling.h"
-#include "../afd_protocol.h"
+#include "afd_build_target.h"
+#include "afd_mailbox.h"
+#include "afd_op_tiling.h"
+#include "afd_protocol.h"
 
 namespace afd {
 namespace host {
@@ -63,7 +66,9 @@ inline bool WireDtype(ge::DataType dtype, uint32_t* code, uint32_t* bytes)
 }
 
 // The HCCL window size: HCCL_BUFFSIZE (MiB, HCCL's default 200), which must be equal on every
-// rank of the world (the mailbox layout is computed from it on both sides).
+// rank of the world (the mailbox layout is computed from it on both sides; the NPU op provider
+// compares it across ranks when it opens, and the kernel checks it against the window the
+// communicator really has, HcclOpResParam::winSize).
 inline uint64_t WindowBytes()
 {
     const char* env = std::getenv("HCCL_BUFFSIZE");
@@ -134,11 +139,10 @@ inline ge::graphStatus FillTiling(gert::TilingContext* context, const ExchangeAr
     t.windowBytes = window.windowBytes;
 
     // The HCCL context of group_ep: the kernel uses only its windows (no HCCL collective runs),
-    // but the MC2 framework binds the communicator through these tilings. The op type and
-    // algorithm string are those of a full-mesh all-to-all; check them against the CANN
-    // version's MC2 documentation.
-    AscendC::Mc2CcTilingConfig hccl(args.groupEp, HcclCMDType::HCCL_CMD_ALLTOALLV,
-                                    "AlltoAll=level0:fullmesh;level1:pairwise");
+    // but the MC2 framework binds the communicator through these tilings, with the op type
+    // (a uint32_t, the value of AscendC::HcclCMDType) and algorithm of the SoC built for.
+    AscendC::Mc2CcTilingConfig hccl(args.groupEp, kBuildTarget.hcclOpType,
+                                    kBuildTarget.hcclAlgConfig);
     hccl.GetTiling(data->mc2InitTiling);
     hccl.GetTiling(data->mc2CcTiling);
 

@@ -4,12 +4,12 @@
 // (MTE2) overlaps the copy-out of the previous one (MTE3); the queue between VECIN and VECOUT
 // carries the synchronisation. Rows, expert ids and scales all move as bytes, so one kernel
 // serves every dtype. DataCopyPad takes any byte length (no 32-byte multiple needed).
-// AscendC device code; never compiled here (no CANN toolkit was available).
+// AscendC device code; never built here (syntax-checked only, csrc/README.md).
 #pragma once
 
 #include "kernel_operator.h"
 
-#include "../afd_portable.h"
+#include "afd_portable.h"
 
 namespace afd {
 namespace kernel {

@@ -27,17 +27,26 @@
 // headers) and written to the status tensor at Finish(); the state is then left as it was
 // (nothing is taken or published), and the host refuses every later call on the group.
 //
-// Memory ordering assumed (to be confirmed on hardware): a core's MTE writes to a peer's window
-// have landed once PipeBarrier<PIPE_ALL> returns; the scalar unit issues the header's and the
-// arrived word's cache-line cleans in program order.
-// AscendC device code; never compiled here (no CANN toolkit was available).
+// Memory ordering. A flag never overtakes what it announces: every core drains its copies
+// (DrainWrites: PipeBarrier<PIPE_ALL>, then the dsb DataSyncBarrier<MemDsbT::ALL>) before the
+// SyncAll that ends a copy; the leader writes the header, drains again, and only then the
+// arrived word (every scalar GM access fenced as afd_gm_words.h says). A receiver's released
+// word follows its copies out the same way. Whether the dsb also orders MTE writes into a peer's
+// HBM is the one assumption left to confirm on hardware (docs/ascend.md, first run).
+//
+// Window. Init reads the size of the communicator's window (HcclOpResParam::winSize, A3's HCCL
+// context) and fails the call with kStatusWindowSize when the mailbox, laid out from the
+// tiling's windowBytes (HCCL_BUFFSIZE on the host), would not fit in it.
+// AscendC device code; its syntax is checked against the public AscendC headers in CPU-debug
+// mode (csrc/README.md); never built for or run on an NPU here.
 #pragma once
 
 #include "kernel_operator.h"
+#include "lib/hccl/hccl.h"
 
-#include "../afd_mailbox.h"
-#include "../afd_protocol.h"
-#include "../afd_tiling.h"
+#include "afd_mailbox.h"
+#include "afd_op_tiling.h"
+#include "afd_protocol.h"
 #include "afd_byte_mover.h"
 #include "afd_gm_words.h"
 
@@ -66,11 +75,13 @@ struct Buffers {
 
 class Exchange {
 public:
-    // `tilingGm` is the launch's tiling argument: its first member is the HCCL init tiling.
-    __aicore__ inline void Init(const ExchangeTiling& tiling, GM_ADDR tilingGm, GM_ADDR state,
-                                GM_ADDR status, GM_ADDR workspace, AscendC::TPipe* pipe)
+    // `data` is the launch's tiling, read onto the stack (GET_TILING_DATA_WITH_STRUCT): the
+    // Hccl object is initialised from its HCCL tilings with InitV2, which takes a local address
+    // (the older Init, which took the tiling's GM address, is deprecated).
+    __aicore__ inline void Init(const OpTilingData& data, GM_ADDR state, GM_ADDR status,
+                                GM_ADDR workspace, AscendC::TPipe* pipe)
     {
-        t_ = tiling;
+        t_ = data.exchange;
         world_ = World{t_.ffnRanks, t_.attentionRanks, t_.rank};
         window_ = Window{t_.windowBytes, world_.Slots()};
         state_ = reinterpret_cast<__gm__ int64_t*>(state);
@@ -83,8 +94,14 @@ public:
         for (uint32_t i = 0; i < kStatusWords; ++i) {
             statusWords_[i] = 0;
         }
-        hccl_.Init(AscendC::GetHcclContext<AscendC::HCCL_GROUP_ID_0>(), tilingGm);
+        GM_ADDR context = AscendC::GetHcclContext<AscendC::HCCL_GROUP_ID_0>();
+        hccl_.InitV2(context, &data);
+        // InitV2 goes with SetCcTilingV2; no collective is ever committed on this object.
+        hccl_.SetCcTilingV2(offsetof(OpTilingData, mc2CcTiling));
         mover_.Init(pipe);
+        if (leader_) {
+            CheckWindow(context);
+        }
     }
 
     __aicore__ inline bool IsLeader() const { return leader_; }
@@ -115,7 +132,7 @@ public:
     // Leader: zero this rank's control words (the group's reset, once, before any exchange).
     __aicore__ inline void Reset()
     {
-        if (!leader_) {
+        if (!leader_ || Failed()) {
             return;
         }
         for (uint32_t i = 0; i < world_.Slots(); ++i) {
@@ -164,6 +181,18 @@ public:
     }
 
 private:
+    // Fails the call unless the communicator's window holds the mailbox the tiling laid out.
+    // HcclOpResParam is the layout of the HCCL context on A3, the only SoC built (afd_socs.h).
+    __aicore__ inline void CheckWindow(GM_ADDR context)
+    {
+        auto resources = reinterpret_cast<__gm__ AscendC::HcclContextDef::HcclOpResParam*>(context);
+        uint64_t deviceBytes = LoadWord(&resources->winSize);
+        if (deviceBytes < t_.windowBytes) {
+            Fail(kStatusWindowSize, -1, static_cast<int64_t>(t_.windowBytes),
+                 static_cast<int64_t>(deviceBytes), 0);
+        }
+    }
+
     __aicore__ inline GM_ADDR Mine() { return hccl_.GetWindowsInAddr(t_.rank); }
     __aicore__ inline GM_ADDR Theirs(uint32_t worldRank)
     {
@@ -354,11 +383,12 @@ private:
                             reinterpret_cast<GM_ADDR>(segment[0]) + begin, end - begin);
             }
         }
-        AscendC::PipeBarrier<PIPE_ALL>();  // this core's copies have landed
+        DrainWrites();  // this core's copies have reached memory before any flag is written
         AscendC::SyncAll();
     }
 
-    // Leader, after the copies: header, then arrived word, for each peer; then the state.
+    // Leader, after the copies (drained on every core): header, drain, then the arrived word,
+    // for each peer; then the state.
     __aicore__ inline void CommitSend(uint32_t op, const Peers& peers)
     {
         uint32_t atPeer = world_.IndexAtPeer();
@@ -370,7 +400,7 @@ private:
                         MakeHeader(op, t_.dtype, static_cast<uint64_t>(seq), t_.rank, peer,
                                    static_cast<uint32_t>(peers.rows[j]), t_.hiddenSize, t_.topk,
                                    t_.gated != 0));
-            AscendC::PipeBarrier<PIPE_ALL>();
+            DrainWrites();  // the header before the word that announces it
             StoreWord(At<uint32_t>(Theirs(peer), window_.ArrivedOffset(atPeer)),
                       static_cast<uint32_t>(seq + 1));
             StoreWord(State(kStateSent, i), seq + 1);

@@ -7,12 +7,19 @@
 // other cores, ranks or the host: a read first cleans and invalidates the words' cache lines (so
 // the value comes from memory), a write is cleaned out of the cache right after it. Bulk data
 // moves with DataCopy (MTE), which does not go through that cache.
-// AscendC device code; never compiled here (no CANN toolkit was available).
+//
+// Ordering. Every dcci is fenced by compiler barriers (an empty volatile asm that clobbers
+// memory), so the compiler neither drops it nor moves a load or store of the words across it;
+// DrainWrites() is the hardware side: after it, every write this core issued (MTE copies,
+// scalar stores, cache-line cleans) has reached memory. A flag that announces data is written
+// only after a DrainWrites() that follows the data.
+// AscendC device code; its syntax is checked against the public AscendC headers in CPU-debug
+// mode (csrc/README.md); never built for or run on an NPU here.
 #pragma once
 
 #include "kernel_operator.h"
 
-#include "../afd_portable.h"
+#include "afd_portable.h"
 
 namespace afd {
 namespace kernel {
@@ -29,9 +36,19 @@ __aicore__ inline void SyncLines(__gm__ T* addr, uint32_t count)
     AscendC::GlobalTensor<uint8_t> lines;
     lines.SetGlobalBuffer(reinterpret_cast<__gm__ uint8_t*>(begin), end - begin);
     for (uint64_t offset = 0; begin + offset < end; offset += kCacheLineBytes) {
+        __asm__ __volatile__("" ::: "memory");
         AscendC::DataCacheCleanAndInvalid<uint8_t, AscendC::CacheLine::SINGLE_CACHE_LINE,
                                           AscendC::DcciDst::CACHELINE_OUT>(lines[offset]);
+        __asm__ __volatile__("" ::: "memory");
     }
+}
+
+// Waits until every pipe of this core has run what it was given (PipeBarrier) and every memory
+// write that issued has completed (DataSyncBarrier, the dsb): the payload before its flag.
+__aicore__ inline void DrainWrites()
+{
+    AscendC::PipeBarrier<PIPE_ALL>();
+    AscendC::DataSyncBarrier<AscendC::MemDsbT::ALL>();
 }
 
 template <typename T>

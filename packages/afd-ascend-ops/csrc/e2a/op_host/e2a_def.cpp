@@ -2,7 +2,7 @@
 // Written for this project (afd-ascend-ops): the AscendC op definition of E2a (kernel e2a,
 // host entry aclnnE2a). Parameters in the order of e2a_tiling.h's enums; the attributes as
 // common/op_host/afd_def_host.h lays them out. Rows move as bytes, so every row dtype shares one
-// kernel. Needs the CANN host headers; never compiled here (no CANN toolkit was available).
+// kernel. Needs the CANN host headers; never built here (syntax-checked only, csrc/README.md).
 //
 //   inputs   expand_x [rows, H] (FFN: its results in block order; attention: the rows it sent,
 //            whose count is the result's)
@@ -11,7 +11,7 @@
 //   outputs  y (afd_shapes.h), status int64 [24] (afd_protocol.h)
 #include "register/op_def_registry.h"
 
-#include "../../common/op_host/afd_def_host.h"
+#include "afd_def_host.h"
 #include "e2a_shape.h"
 #include "e2a_tiling.h"
 

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Written for this project (afd-ascend-ops): e2a's shape and dtype inference from the shared
-// statement of its output shapes. Needs the CANN host headers; never compiled here.
+// statement of its output shapes. Needs the CANN host headers; syntax-checked only.
 #include "e2a_shape.h"
 
-#include "../../common/op_host/afd_shape_host.h"
+#include "afd_shape_host.h"
 #include "e2a_tiling.h"
 
 namespace ge {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Written for this project (afd-ascend-ops): e2a's shape and dtype inference.
-// Needs the CANN host headers; never compiled here.
+// Needs the CANN host headers; syntax-checked only.
 #pragma once
 
 #include "register/op_def_registry.h"

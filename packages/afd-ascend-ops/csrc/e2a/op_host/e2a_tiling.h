@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Written for this project (afd-ascend-ops): e2a's parameters by index (the order e2a_def.cpp
 // defines them in, which is also the order of the generated aclnnE2a's parameters) and its
-// tiling function. Needs the CANN host headers; never compiled here.
+// tiling function. Needs the CANN host headers; syntax-checked only.
 #pragma once
 
 #include "register/op_def_registry.h"

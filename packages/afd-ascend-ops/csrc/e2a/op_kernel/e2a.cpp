@@ -9,12 +9,12 @@
 //                   sent with a2e, which the binding checked against expand_x) and copies the
 //                   rows into y.
 //
-// The protocol itself is common/op_kernel/afd_exchange.h. AscendC device code; never compiled
-// here (no CANN toolkit or Ascend device was available).
+// The protocol itself is common/op_kernel/afd_exchange.h. AscendC device code; never built or
+// run here (no CANN toolkit or Ascend device); syntax-checked only (csrc/README.md).
 #include "kernel_operator.h"
 
-#include "../../common/afd_op_tiling.h"
-#include "../../common/op_kernel/afd_exchange.h"
+#include "afd_op_tiling.h"
+#include "afd_exchange.h"
 
 using afd::kernel::Exchange;
 using afd::kernel::Peers;
@@ -62,7 +62,7 @@ extern "C" __global__ __aicore__ void e2a(GM_ADDR expandX, GM_ADDR attenBatchSiz
 
     AscendC::TPipe pipe;
     Exchange exchange;
-    exchange.Init(t, tiling, state, status, workspace, &pipe);
+    exchange.Init(tilingData, state, status, workspace, &pipe);
 
     Peers peers;
     peers.count = 0;

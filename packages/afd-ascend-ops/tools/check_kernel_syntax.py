@@ -1,0 +1,282 @@
+# SPDX-License-Identifier: Apache-2.0
+# Written for this project (afd-ascend-ops).
+"""Syntax-check the AscendC kernels and op_host files of ``csrc/`` with g++, without CANN.
+
+Two sets of headers:
+
+* **the stubs** (default; CI): ``tools/ascendc_stubs/``, our stand-ins for the CANN headers
+  the sources include, declaring only what they call, with the real signatures;
+* **the real headers** (``--real-headers DIR``; a development session): CANN's public
+  ``asc-devkit`` (AscendC, kernel and tiling headers) and ``metadef`` (op definition and
+  runtime contexts) and openEuler's ``libboundscheck`` (``securec.h``, which metadef
+  includes), checked out under ``DIR/asc-devkit``, ``DIR/metadef`` and
+  ``DIR/libboundscheck`` (csrc/README.md: where from and at which commits). The kernels are
+  compiled in asc-devkit's CPU-debug mode for dav-2201 (Atlas A2/A3); what CANN generates or
+  keeps unpublished comes from ``tools/ascendc_standins/`` (csrc/README.md names each).
+
+Both compile the same sources: each op's op_host ``.cpp`` (host C++17) and op_kernel
+``.cpp`` (``-x c++``, the generated tiling header force-included as the op compiler does),
+plus ``tools/api_probes/``, whose assertions pin every CANN signature the sources rely on:
+the probes must pass against the stubs and against the real headers, so a stub that
+drifts from CANN fails one of the two. Shared headers are found flat (``-I`` on
+``common/`` and its ``op_host``/``op_kernel``), as build_kernels.sh lays them out, and
+``afd_build_soc.h`` is written for each SoC of ``op_registry.json``. Our files get
+``-Wall -Wextra -Werror``; the headers are system headers. Nothing is compiled into an
+object. Standard library only; exits 0 when every file compiles, 1 when g++ rejects one,
+2 when a step before the compiler fails::
+
+    python packages/afd-ascend-ops/tools/check_kernel_syntax.py
+    python packages/afd-ascend-ops/tools/check_kernel_syntax.py --real-headers /tmp/ascend-headers
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+TOOLS = Path(__file__).resolve().parent
+PACKAGE = TOOLS.parent
+STUBS = TOOLS / "ascendc_stubs"
+STANDINS = TOOLS / "ascendc_standins"
+PROBES = TOOLS / "api_probes"
+#: What the op compiler force-includes into a kernel (GET_TILING_DATA_WITH_STRUCT).
+OP_COMPILER_TILING = STANDINS / "op_compiler" / "op_compiler_tiling.h"
+#: asc-devkit's CPU-debug mode for dav-2201 (Atlas A2 and A3), vector cores: the defines its
+#: own header checker (tests/api/basic_api/ascendc_header_checker) passes to g++.
+CPU_DEBUG_DEFINES = (
+    "-D__NPU_ARCH__=2201", "-DASCENDC_CPU_DEBUG=1", "-D__DAV_C220__", "-D__DAV_C220_VEC__",
+    "-DASCENDC_DEBUG=1", "-DASCENDC_DUMP=1",
+)  # fmt: skip
+#: metadef's own build of its registry compiles op_def.h without the graph repository's
+#: graph/operator_reg.h (not in metadef); our op definitions use nothing of it.
+HOST_DEFINES = ("-DNO_OPERATOR_IMPL",)
+#: CANN's hccl.h gives Hccl a default config that is a static (internal-linkage) object; our
+#: Exchange class, defined in a header, holds an Hccl member, which GCC reports. Harmless: a
+#: kernel is one translation unit.
+KERNEL_WARNING_EXCEPTIONS = ("-Wno-subobject-linkage",)
+OUR_WARNINGS = ("-Wall", "-Wextra", "-Werror")
+
+
+class CheckError(Exception):
+    """A step before the compiler failed; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Headers:
+    """Where the CANN headers of one mode come from: system include roots per side."""
+
+    name: str
+    host: tuple[Path, ...]
+    kernel: tuple[Path, ...]
+    host_defines: tuple[str, ...]
+    kernel_defines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One source to compile and its side (``host`` or ``kernel``)."""
+
+    source: Path
+    side: str
+
+
+def socs(csrc: Path) -> list[str]:
+    """The SoCs of ``op_registry.json`` (keys not starting with ``_``)."""
+    table = json.loads((csrc / "op_registry.json").read_text())
+    return [soc for soc in table if not soc.startswith("_")]
+
+
+def units(csrc: Path) -> list[Unit]:
+    """Every op's op_host and op_kernel sources, then the two API probes."""
+    found = [Unit(path, "host") for path in sorted(csrc.glob("*/op_host/*.cpp"))]
+    found += [Unit(path, "kernel") for path in sorted(csrc.glob("*/op_kernel/*.cpp"))]
+    if not found:
+        raise CheckError(f"no op_host or op_kernel sources under {csrc}")
+    return [*found, Unit(PROBES / "host_api_probe.cpp", "host"),
+            Unit(PROBES / "kernel_api_probe.cpp", "kernel")]  # fmt: skip
+
+
+def stub_headers() -> Headers:
+    return Headers("stub", (STUBS,), (STUBS,), (), ())
+
+
+def real_headers(root: Path, work: Path) -> Headers:
+    """The public CANN headers under ``root``, laid out as an installed CANN lays them out
+    (``lib/``, ``tiling/``), with ``kernel_tiling/kernel_tiling.h`` generated by asc-devkit's
+    own script, all in ``work``."""
+    devkit, metadef, securec = root / "asc-devkit", root / "metadef", root / "libboundscheck"
+    for path, what in ((devkit / "include/kernel_operator.h", "asc-devkit"),
+                       (metadef / "inc/external/asc/register/op_def_registry.h", "metadef"),
+                       (securec / "include/securec.h", "libboundscheck")):  # fmt: skip
+        if not path.is_file():
+            raise CheckError(
+                f"no {path}: check out {what} under {root} (csrc/README.md names the "
+                "repositories and commits)"
+            )
+    generator = devkit / "impl/adv_api/cmake/scripts/gen_kernel_tiling_data_def.py"
+    generated = work / "generated"
+    (generated / "kernel_tiling").mkdir(parents=True)
+    command = [sys.executable, str(generator), str(devkit / "include/adv_api"),
+               str(generated / "kernel_tiling/kernel_tiling.h")]  # fmt: skip
+    if subprocess.run(command, capture_output=True, text=True, check=False).returncode != 0:
+        raise CheckError(f"asc-devkit's {generator.name} failed: run {shlex.join(command)}")
+    # CANN's install links: asc/include/lib -> adv_api, asc/include/tiling/... -> adv_api and
+    # utils headers, asc/impl beside asc/include (their relative includes climb to it).
+    asc = work / "asc"
+    links = {
+        "impl": devkit / "impl",
+        "include/lib": devkit / "include/adv_api",
+        "include/tiling/tiling_api.h": devkit / "include/adv_api/tiling_api.h",
+        "include/tiling/hccl/hccl_tiling.h": devkit / "include/adv_api/hccl/hccl_tiling.h",
+        "include/tiling/hccl/hccl_tilingdata.h": devkit / "include/adv_api/hccl/hccl_tilingdata.h",
+        "include/tiling/platform/platform_ascendc.h":
+            devkit / "include/utils/tiling/platform/platform_ascendc.h",
+    }  # fmt: skip
+    for name, target in links.items():
+        (asc / name).parent.mkdir(parents=True, exist_ok=True)
+        (asc / name).symlink_to(target)
+    kernel = (
+        STANDINS / "cpu_debug", devkit, devkit / "impl", devkit / "impl/basic_api",
+        devkit / "impl/basic_api/reg_compute", devkit / "impl/simt_api", devkit / "impl/c_api",
+        devkit / "include", devkit / "include/basic_api", devkit / "include/simt_api",
+        devkit / "include/simt_api/cpp", devkit / "include/basic_api/reg_compute",
+        devkit / "include/c_api", generated, asc / "include",
+    )  # fmt: skip
+    host = (
+        asc / "include", devkit / "include/adv_api", devkit / "include",
+        devkit / "include/utils", metadef / "inc/external", metadef / "inc",
+        metadef / "pkg_inc", metadef / "inc/external/asc", generated, securec / "include",
+        STANDINS / "host",
+    )  # fmt: skip
+    return Headers("real", host, kernel, HOST_DEFINES, CPU_DEBUG_DEFINES)
+
+
+def command_for(cxx: str, unit: Unit, csrc: Path, soc_dir: Path, headers: Headers) -> list[str]:
+    """The ``g++ -fsyntax-only`` command of one source."""
+    side = unit.side
+    ours = [csrc / "common", csrc / "common" / f"op_{side}"]
+    if side == "host":
+        flags = ["-std=c++17", *headers.host_defines]
+        ours.append(soc_dir)
+        system = headers.host
+    else:
+        flags = ["-x", "c++", "-std=c++17", *headers.kernel_defines, *KERNEL_WARNING_EXCEPTIONS,
+                 "-include", str(OP_COMPILER_TILING)]  # fmt: skip
+        system = headers.kernel
+    return [
+        cxx, "-fsyntax-only", *OUR_WARNINGS, *flags,
+        *(f"-I{path}" for path in ours), *(f"-isystem{path}" for path in system),
+        str(unit.source),
+    ]  # fmt: skip
+
+
+#: The pipes: a builtin enum whose values AscendC's own API takes (PipeBarrier<PIPE_ALL>).
+API_BUILTINS = frozenset({"pipe_t", "PIPE_S", "PIPE_V", "PIPE_M", "PIPE_MTE1", "PIPE_MTE2",
+                          "PIPE_MTE3", "PIPE_ALL"})  # fmt: skip
+COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+
+
+def standin_builtins() -> set[str]:
+    """The names the CPU-debug stand-in declares: its intrinsics, scalar types, variables,
+    enums and their enumerators (one declaration a line there)."""
+    names: set[str] = set()
+    for line in (STANDINS / "cpu_debug" / "stub_def.h").read_text().splitlines():
+        if match := re.match(r"AFD_CPU_(?:INTRINSIC|SCALAR)\((\w+)\)|inline int64_t (\w+) =", line):
+            names.add(match[1] or match[2])
+        elif match := re.match(r"enum (\w+) : int \{(.*)\};", line):
+            names.add(match[1])
+            names.update(item.split("=")[0].strip() for item in match[2].split(","))
+    return names - API_BUILTINS
+
+
+def builtins_named_by(csrc: Path) -> list[str]:
+    """``file: name`` for every builtin of the CPU-debug stand-in that a kernel-side source of
+    ours names unqualified (``AscendC::CacheLine::SINGLE_CACHE_LINE`` is AscendC's own): its
+    declaration there is a catch-all, not CANN's, so we must not rely on it."""
+    names = standin_builtins()
+    sources = [*csrc.glob("common/*.h"), *csrc.glob("common/op_kernel/*.h"),
+               *csrc.glob("*/op_kernel/*.cpp")]  # fmt: skip
+    found = []
+    for source in sorted(sources):
+        code = COMMENT.sub(" ", source.read_text())
+        unqualified = set(re.findall(r"(?<![\w:])\w+", code))
+        found += [f"{source.relative_to(csrc)}: {name}" for name in sorted(names & unqualified)]
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument(
+        "--real-headers", type=Path, metavar="DIR",
+        help="check against the public CANN headers checked out under DIR (csrc/README.md) "
+        "instead of the stubs",
+    )  # fmt: skip
+    parser.add_argument(
+        "--csrc", type=Path, default=PACKAGE / "csrc",
+        help="the C++ sources to check (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument("--cxx", default="g++", help="the C++ compiler (default: %(default)s)")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    csrc = args.csrc.resolve()
+    with tempfile.TemporaryDirectory(prefix="afd-kernel-syntax-") as tmp:
+        work = Path(tmp)
+        try:
+            if shutil.which(args.cxx) is None:
+                raise CheckError(f"{args.cxx} is not on PATH: install g++ (apt-get install g++)")
+            headers = stub_headers()
+            if args.real_headers is not None:
+                headers = real_headers(args.real_headers.resolve(), work)
+                named = builtins_named_by(csrc)
+                if named:
+                    raise CheckError(
+                        "these sources name a compiler builtin that only the CPU-debug stand-in "
+                        "declares, loosely: " + "; ".join(named) + ". Call the AscendC API "
+                        "instead (kernel_operator.h), whose signature the check can verify"
+                    )
+            todo = units(csrc)
+            targets = socs(csrc)
+        except CheckError as exc:
+            print(f"check_kernel_syntax: {exc}", file=sys.stderr)
+            return 2
+        failed = []
+        for soc in targets:
+            soc_dir = work / "soc" / soc
+            soc_dir.mkdir(parents=True)
+            (soc_dir / "afd_build_soc.h").write_text(
+                f'#pragma once\n#define AFD_BUILD_SOC "{soc}"\n'
+            )
+            for unit in todo:
+                command = command_for(args.cxx, unit, csrc, soc_dir, headers)
+                print(f"+ {shlex.join(command)}", flush=True)
+                result = subprocess.run(command, check=False)
+                if result.returncode != 0:
+                    failed.append(f"{soc}: {unit.source}")
+    elapsed = time.monotonic() - started
+    checked = len(todo) * len(targets)
+    if failed:
+        print(
+            f"check_kernel_syntax: {args.cxx} rejected {len(failed)} of {checked} sources "
+            f"against the {headers.name} headers ({elapsed:.0f} s); fix the errors above:\n  "
+            + "\n  ".join(failed),
+            file=sys.stderr,
+        )
+        return 1
+    print(f"check_kernel_syntax: OK, {checked} sources against the {headers.name} headers "
+          f"({elapsed:.0f} s)")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("LC_ALL", "C")
+    sys.exit(main())
