@@ -11,6 +11,8 @@ import pytest
 
 from afd_core.cli import main as afd_main
 from afd_core.cli.measure import measured_profile as profile_from_samples
+from afd_core.cli.measure import serving_overhead
+from afd_core.errors import AFDConfigError
 from afd_core.plan.model_shape import load_model_shape
 from afd_core.plan.profile import load_profile, parse_profile, profile_document
 from tests.unit.plan.conftest import measured_profile, tiny_config, write_model
@@ -114,6 +116,31 @@ def test_the_measure_samples_become_a_profile_that_plan_accepts(tiny):
     assert parse_profile(profile_document(profile)) == profile
     assert profile.measured is not None and profile.measured.dense is None
     assert profile.measured.attention.contexts == (35, 163)
+
+
+def test_the_served_steps_less_the_in_process_steps_become_the_serving_overhead(tiny):
+    shape = load_model_shape(tiny)
+    samples = {
+        "threads": 1,
+        "method": "test",
+        "attention": [[b, c, 1e-4 * b + 1e-7 * c] for b in (1, 2) for c in (35, 163)],
+        "moe": [[1, 1e-4], [2, 1.2e-4], [64, 3e-4]],
+        "dense": [],
+        "step_overhead": [[1, 1e-3], [2, 1.1e-3]],
+        "step": [[1, 32, 5e-3], [1, 160, 6e-3], [2, 32, 5e-3], [2, 160, 6e-3]],
+    }
+    served = {
+        "method": "served test",
+        "served_step": [[1, 32, 7e-3], [1, 160, 9e-3], [2, 32, 4e-3], [2, 160, 5e-3]],
+    }
+    assert serving_overhead(samples, served) == pytest.approx({1: 2.5e-3, 2: 1e-9})
+    profile = profile_from_samples(shape, load_profile("cpu-core"), tiny, samples, served)
+    assert profile.measured is not None and profile.measured.serving_overhead is not None
+    assert profile.measured.serving_overhead(1) == pytest.approx(1.25e-3)  # pooled: 1 > 2
+    assert "served test" in profile.measured.method
+    assert parse_profile(profile_document(profile)) == profile
+    with pytest.raises(AFDConfigError, match="only"):
+        serving_overhead(samples, {"served_step": [[4, 32, 1e-3]]})
 
 
 CASES = [

@@ -76,7 +76,7 @@ MEASURED = profile_document(
     ("document", "expected"),
     [
         (_with(("schema",), "other"), "schema must be 'afd-hardware-profile'"),
-        (_with(("version",), 2), "version 2 is not supported"),
+        (_with(("version",), 3), "version 3 is not supported"),
         (_with(("device", "peak_bf16_flops_pr_s"), 1.0), "unknown key 'peak_bf16_flops_pr_s'"),
         (_with(("device", "hbm_bytes_per_s"), -1), "hbm_bytes_per_s is -1"),
         (_with(("device", "memory_bytes"), True), "memory_bytes is True"),
@@ -117,3 +117,34 @@ def test_a_bad_profile_is_an_error_naming_the_key(document, expected):
 def test_an_unknown_profile_name_lists_the_presets():
     with pytest.raises(AFDConfigError, match="h100"):
         load_profile("no-such-gpu")
+
+
+SERVED = {
+    **MEASURED,
+    "measured": {
+        **MEASURED["measured"],
+        "serving_overhead": {"batches": [1, 16], "seconds": [1e-3, 4e-3]},
+    },
+}
+
+
+def test_a_measured_serving_overhead_round_trips_and_is_interpolated_by_batch():
+    profile = parse_profile(SERVED)
+    assert profile.measured is not None and profile.measured.serving_overhead is not None
+    assert profile.measured.serving_overhead(16) == pytest.approx(4e-3)
+    assert profile.measured.serving_overhead(4) == pytest.approx(1e-3 + 3e-3 * 3 / 15)
+    assert profile_document(profile)["version"] == 2
+    assert parse_profile(profile_document(profile)) == profile
+
+
+def test_a_version_1_profile_is_still_read_but_cannot_hold_a_serving_overhead():
+    assert parse_profile({**MEASURED, "version": 1}).measured.serving_overhead is None
+    with pytest.raises(AFDConfigError, match="serving_overhead needs version 2"):
+        parse_profile({**SERVED, "version": 1}, "p.json")
+
+
+def test_a_bad_serving_overhead_is_an_error_naming_it():
+    bad = copy.deepcopy(SERVED)
+    bad["measured"]["serving_overhead"]["seconds"] = [1e-3, -1.0]
+    with pytest.raises(AFDConfigError, match="serving_overhead: seconds"):
+        parse_profile(bad, "p.json")

@@ -4,6 +4,7 @@ resource), two stages never beat perfect overlap, and TPOT never falls as the ba
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -21,6 +22,7 @@ from afd_core.plan.step import (
     predict_afd,
     predict_monolithic,
 )
+from afd_core.plan.tables import Curve
 from tests.unit.plan.conftest import MODELS, measured_profile, tiny_config
 
 SHAPES = [
@@ -117,3 +119,40 @@ def test_the_expert_routed_layout_keeps_dense_layers_on_attention_without_an_exc
     assert p.dense_layer is not None and p.dense_layer.exchange.seconds == 0
     p2p = predict_afd(shape, costs, AFDDeployment("p2p", 2, 1, 8, 1), 64)
     assert p2p.dense_layer is not None and p2p.dense_layer.exchange.seconds > 0
+
+
+def _with_serving(profile, seconds_at_1, seconds_at_64):
+    tables = dataclasses.replace(
+        profile.measured,
+        serving_overhead=Curve.through((1, 64), (seconds_at_1, seconds_at_64)),
+    )
+    return dataclasses.replace(profile, measured=tables)
+
+
+@pytest.mark.parametrize("stages", [1, 2])
+def test_the_serving_overhead_is_added_once_per_step_whatever_the_stages(stages):
+    shape = model_shape_from_config(tiny_config("tiny-qwen3-moe"))
+    plain = measured_profile(shape)
+    served = _with_serving(plain, 1e-3, 8e-3)
+    plan = AFDDeployment("p2p", 1, 1, 16, stages)
+    without = predict_afd(shape, LayerCosts(shape, plain), plan, 64)
+    with_it = predict_afd(shape, LayerCosts(shape, served), plan, 64)
+    charged = 1e-3 + 7e-3 * 15 / 63
+    assert with_it.tpot_s - without.tpot_s == pytest.approx(charged)
+    assert with_it.outside_layers_s - without.outside_layers_s == pytest.approx(charged)
+    assert with_it.sparse_layer == without.sparse_layer
+
+
+def test_the_monolithic_step_pays_the_serving_overhead_too():
+    shape = model_shape_from_config(tiny_config("tiny-qwen3-moe"))
+    plain = measured_profile(shape)
+    served = _with_serving(plain, 2e-3, 2e-3)
+    plan = MonolithicDeployment(1, 16, 1)
+    without = predict_monolithic(shape, LayerCosts(shape, plain), plan, 64)
+    with_it = predict_monolithic(shape, LayerCosts(shape, served), plan, 64)
+    assert with_it.tpot_s - without.tpot_s == pytest.approx(2e-3)
+
+
+def test_a_roofline_profile_charges_no_serving_overhead():
+    shape = model_shape_from_config(tiny_config("tiny-qwen3-moe"))
+    assert LayerCosts(shape, load_profile("cpu-core")).serving(16).seconds == 0.0

@@ -4,11 +4,15 @@ those tables for ``afd plan --profile P.json``.
 
 The timing runs in a child process (:mod:`afd_core.plan.vllm_timing`: an in-process
 vLLM engine, no server) over a small grid (by default batches 1..32 at two contexts,
-seconds of work after the engine's start-up). What the tables do not cover (the link,
-device memory, dense MLPs of models without one) comes from the ``--base`` profile,
-which the written profile names in its ``source``. Pin the process to the cores a role
-will get (``taskset -c 0 afd measure ...``) to measure what that role will see. Exits 0
-once the profile is written, 1 when the timing run fails, 2 for invalid input.
+seconds of work after the engine's start-up); a second child times whole decode steps
+with vLLM's engine core and worker in their own processes, as a server runs them, and
+the difference per batch becomes the profile's ``serving_overhead`` (``--no-served``
+skips it). The HTTP server's work (OpenAI API, streaming) is in neither. What the
+tables do not cover (the link, device memory, dense MLPs of models without one) comes
+from the ``--base`` profile, which the written profile names in its ``source``. Pin the
+process to the cores a role will get (``taskset -c 0 afd measure ...``; the served run's
+processes inherit it) to measure what that role will see. Exits 0 once the profile is
+written, 1 when a timing run fails, 2 for invalid input.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -67,6 +72,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help=f"prompt lengths, increasing (default {DEFAULT_CONTEXTS})",
     )
     parser.add_argument(
+        "--no-served",
+        dest="served",
+        action="store_false",
+        help="skip the served-step run (no serving_overhead in the profile)",
+    )
+    parser.add_argument(
         "--steps",
         type=int,
         default=DEFAULT_STEPS,
@@ -100,33 +111,46 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: afd measure: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_INVALID
     print(f"timing {model} over batches {batches} and contexts {contexts} (vLLM start-up first)")
-    samples, failure = _time_in_child(model, batches, contexts, args.steps)
-    if samples is None:
+    samples, failure = _time_in_child(model, batches, contexts, args.steps, served=False)
+    served: dict[str, Any] | None = None
+    if samples is not None and args.served:
+        print("timing served decode steps (engine core and worker in their own processes)")
+        served, failure = _time_in_child(model, batches, contexts, args.steps, served=True)
+    if samples is None or (args.served and served is None):
         print(f"error: afd measure: the timing run failed:\n{failure}", file=sys.stderr)
         return EXIT_FAILED
-    profile = measured_profile(shape, base, model, samples)
+    profile = measured_profile(shape, base, model, samples, served)
     out.write_text(json.dumps(profile_document(profile), indent=1) + "\n", encoding="utf-8")
     print(f"wrote {out}: {profile.name}")
     return 0
 
 
 def measured_profile(
-    shape: ModelShape, base: HardwareProfile, model: Path, samples: dict[str, Any]
+    shape: ModelShape,
+    base: HardwareProfile,
+    model: Path,
+    samples: dict[str, Any],
+    served: dict[str, Any] | None = None,
 ) -> HardwareProfile:
-    """A profile of ``base`` with the tables made from the child's ``samples``."""
+    """A profile of ``base`` with the tables made from the children's ``samples`` (and
+    ``served``: then ``serving_overhead`` too, see :func:`serving_overhead`)."""
+    method = samples["method"]
+    if served is not None:
+        method += f"; serving_overhead: {served['method']}, less the in-process step"
     tables = build_tables(
         model=shape.fingerprint(),
-        method=samples["method"],
+        method=method,
         threads=samples["threads"],
         attention={(b, c): s for b, c, s in samples["attention"]},
         moe={t: s for t, s in samples["moe"]},
         step_overhead={b: s for b, s in samples["step_overhead"]},
         dense={t: s for t, s in samples["dense"]} or None,
+        serving_overhead=None if served is None else serving_overhead(samples, served),
     )
     return HardwareProfile(
         name=f"{base.name}, measured on {model.name}",
         source=(
-            f"Layer times: afd measure ({samples['method']}). Everything else (device "
+            f"Layer times: afd measure ({method}). Everything else (device "
             f"memory, link, the roofline for what the tables do not cover) from profile "
             f"{base.name}: {base.source}"
         ),
@@ -134,6 +158,21 @@ def measured_profile(
         link=base.link,
         measured=tables,
     )
+
+
+def serving_overhead(samples: dict[str, Any], served: dict[str, Any]) -> dict[int, float]:
+    """Per batch, the median over contexts of the served step less the in-process step
+    at the same (batch, context); at least 1 ns (a table holds positive times).
+
+    Raises AFDConfigError when the two runs do not cover the same points.
+    """
+    inprocess = {(b, c): s for b, c, s in samples["step"]}
+    extra: dict[int, list[float]] = {}
+    for b, c, s in served["served_step"]:
+        if (b, c) not in inprocess:
+            raise AFDConfigError(f"the served run timed (batch, context) {(b, c)} only")
+        extra.setdefault(b, []).append(s - inprocess[b, c])
+    return {b: max(statistics.median(v), 1e-9) for b, v in sorted(extra.items())}
 
 
 def _grid(text: str, option: str, minimum: int) -> list[int]:
@@ -150,10 +189,11 @@ def _grid(text: str, option: str, minimum: int) -> list[int]:
 
 
 def _time_in_child(
-    model: Path, batches: list[int], contexts: list[int], steps: int
+    model: Path, batches: list[int], contexts: list[int], steps: int, served: bool
 ) -> tuple[dict[str, Any] | None, str]:
-    """The child's samples, or None and the tail of its output."""
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_PLUGINS": ""}
+    """The child's samples (``served``: of served steps), or None and its output's tail."""
+    multiprocessing = "1" if served else "0"
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": multiprocessing, "VLLM_PLUGINS": ""}
     with tempfile.TemporaryDirectory(prefix="afd-measure-") as tmp:
         result_path = Path(tmp) / "samples.json"
         command = [
@@ -168,6 +208,7 @@ def _time_in_child(
             ",".join(map(str, contexts)),
             "--steps",
             str(steps),
+            *(["--served"] if served else []),
         ]
         child = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
         if child.returncode != 0 or not result_path.is_file():

@@ -4,8 +4,8 @@ Each cost is the roofline ``max(FLOPs / (peak x flops_efficiency), bytes / (HBM 
 bandwidth_efficiency))`` plus the device's ``layer_overhead_s`` for each layer a role
 runs, unless the profile holds measured tables of this very model, which then replace
 the roofline for what they cover (attention, the MoE block, dense MLPs, the step outside
-the layers). Decode only: a batch of ``batch`` sequences, one new token each, with
-``context`` tokens cached per sequence.
+the layers, the served step's process overhead). Decode only: a batch of ``batch``
+sequences, one new token each, with ``context`` tokens cached per sequence.
 
 * attention: ``2 x params`` FLOPs per token plus the scores and weighted sum over the
   context; bytes are the weights once plus every sequence's KV cache (GQA: keys and
@@ -119,6 +119,14 @@ class LayerCosts:
         head = s.vocab_size * s.hidden_size
         cost = self._roofline(2 * batch * head, head * s.weight_bytes, overhead=False)
         return cost + Cost(self.device.step_overhead_s, "step overhead")
+
+    def serving(self, batch: float) -> Cost:
+        """What a served decode step costs beyond :meth:`outside_layers` and the layers:
+        the measured ``serving_overhead`` (vLLM's engine core and worker in their own
+        processes on the role's cores); zero without that table (rooflines, version 1)."""
+        if self.measured is None or self.measured.serving_overhead is None:
+            return ZERO
+        return Cost(self.measured.serving_overhead(batch), "measured")
 
     def transfer(self, bytes_one_way: float) -> Cost:
         """A round trip carrying ``bytes_one_way`` each way over the busiest endpoint."""

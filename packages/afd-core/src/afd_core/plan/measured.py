@@ -11,12 +11,18 @@
                     "seconds": [[a11, a12], [a21, a22]]},   # one layer, per decode step
       "moe": {"tokens": [1, 4, 64], "seconds": [...]},      # one sparse layer's MLP block
       "dense": {"tokens": [...], "seconds": [...]},         # optional: one dense MLP
-      "step_overhead": {"batches": [1, 4], "seconds": [...]}
+      "step_overhead": {"batches": [1, 4], "seconds": [...]},
+      "serving_overhead": {"batches": [1, 4], "seconds": [...]}   # optional (version 2)
     }
 
 ``moe`` is the whole MLP block of a sparse layer (gate, shared and routed experts) with
 every routed expert on the one device; ``step_overhead`` is a decode step's time outside
-the decoder layers (embedding, LM head, sampling, scheduling).
+the decoder layers in an in-process engine (input preparation, embedding, final norm, LM
+head, sampling, scheduling, detokenization); ``serving_overhead`` is what a decode step
+costs more when vLLM's engine core and worker run in their own processes on the same
+cores, as a server runs them (their inter-process messages and spin-waits, the front
+end's output processing): the served step's wall time less the in-process one. Neither
+holds the HTTP server's work (the OpenAI API, SSE streaming).
 """
 
 from __future__ import annotations
@@ -31,7 +37,16 @@ from afd_core.errors import AFDConfigError
 from afd_core.plan.strict_json import json_object
 from afd_core.plan.tables import Curve, Grid
 
-_KEYS = {"model", "method", "threads", "attention", "moe", "dense", "step_overhead"}
+_KEYS = {
+    "model",
+    "method",
+    "threads",
+    "attention",
+    "moe",
+    "dense",
+    "step_overhead",
+    "serving_overhead",
+}
 
 
 @dataclass(frozen=True)
@@ -45,6 +60,7 @@ class MeasuredTables:
     moe: Curve
     step_overhead: Curve
     dense: Curve | None = None
+    serving_overhead: Curve | None = None
 
     def document(self) -> dict[str, Any]:
         """The JSON form :func:`parse_measured` reads back."""
@@ -65,6 +81,11 @@ class MeasuredTables:
         }
         if self.dense is not None:
             document["dense"] = {"tokens": list(self.dense.xs), "seconds": list(self.dense.ys)}
+        if self.serving_overhead is not None:
+            document["serving_overhead"] = {
+                "batches": list(self.serving_overhead.xs),
+                "seconds": list(self.serving_overhead.ys),
+            }
         return document
 
 
@@ -81,6 +102,7 @@ def parse_measured(value: Any, where: str) -> MeasuredTables:
     if not isinstance(method, str) or not method:
         raise AFDConfigError(f"{where}: method must say how the times were taken")
     dense = value.get("dense")
+    serving = value.get("serving_overhead")
     return MeasuredTables(
         model=model,
         method=method,
@@ -89,6 +111,9 @@ def parse_measured(value: Any, where: str) -> MeasuredTables:
         moe=_curve(value.get("moe"), "tokens", f"{where}: moe"),
         step_overhead=_curve(value.get("step_overhead"), "batches", f"{where}: step_overhead"),
         dense=None if dense is None else _curve(dense, "tokens", f"{where}: dense"),
+        serving_overhead=(
+            None if serving is None else _curve(serving, "batches", f"{where}: serving_overhead")
+        ),
     )
 
 
@@ -147,6 +172,7 @@ def build_tables(
     moe: Mapping[int, float],
     step_overhead: Mapping[int, float],
     dense: Mapping[int, float] | None = None,
+    serving_overhead: Mapping[int, float] | None = None,
 ) -> MeasuredTables:
     """Tables from timings keyed by (batch, context), tokens and batch (``afd measure``).
 
@@ -171,6 +197,7 @@ def build_tables(
         moe=_sorted_curve(moe),
         step_overhead=_sorted_curve(step_overhead),
         dense=None if not dense else _sorted_curve(dense),
+        serving_overhead=None if not serving_overhead else _sorted_curve(serving_overhead),
     )
 
 

@@ -4,7 +4,7 @@ A profile is a roofline of named parts, optionally with measured tables of one m
 layers (written by ``afd measure``)::
 
     {
-      "schema": "afd-hardware-profile", "version": 1,
+      "schema": "afd-hardware-profile", "version": 2,
       "name": "H100-SXM", "source": "where each number comes from",
       "device": {
         "peak_bf16_flops_per_s": 9.89e14, "peak_fp8_flops_per_s": 1.979e15,
@@ -19,7 +19,8 @@ layers (written by ``afd measure``)::
 ``peak_fp8_flops_per_s`` is optional (absent: 8-bit experts run at the bf16 peak);
 ``usable_memory_fraction`` defaults to vLLM's ``gpu_memory_utilization`` (0.92), the
 efficiencies to 1, the overheads to 0. ``link.bytes_per_s`` is one direction of one
-device's link. ``measured`` is described in :mod:`afd_core.plan.measured`. Unknown keys,
+device's link. ``measured`` is described in :mod:`afd_core.plan.measured`. Version 2 added
+``measured.serving_overhead``; version 1 files (without it) are still read. Unknown keys,
 wrong types and non-positive numbers are errors naming the key: a typo must not silently
 fall back to a default.
 
@@ -42,7 +43,9 @@ from afd_core.plan.measured import MeasuredTables, parse_measured
 from afd_core.plan.strict_json import json_object
 
 SCHEMA = "afd-hardware-profile"
-VERSION = 1
+VERSION = 2
+#: The versions this afd reads: 1 lacks ``measured.serving_overhead``.
+READABLE_VERSIONS = (1, 2)
 #: vLLM 0.32's default ``gpu_memory_utilization`` (vllm/config/cache.py).
 DEFAULT_USABLE_MEMORY_FRACTION = 0.92
 
@@ -125,14 +128,21 @@ def parse_profile(document: Any, source: str = "profile") -> HardwareProfile:
     )
     if obj.get("schema") != SCHEMA:
         raise AFDConfigError(f"{source}: schema must be {SCHEMA!r}, got {obj.get('schema')!r}")
-    if obj.get("version") != VERSION:
+    version = obj.get("version")
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
         raise AFDConfigError(
-            f"{source}: version {obj.get('version')!r} is not supported (this afd reads "
-            f"version {VERSION}); write the profile again with this version"
+            f"{source}: version {version!r} is not supported (this afd reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}); write the profile again with this "
+            "version"
+        )
+    measured = obj.get("measured")
+    if version == 1 and isinstance(measured, dict) and "serving_overhead" in measured:
+        raise AFDConfigError(
+            f"{source}: measured.serving_overhead needs version 2 (this file says 1); "
+            "set version to 2"
         )
     device = json_object(obj.get("device"), f"{source}: device", set(Device.__dataclass_fields__))
     link = json_object(obj.get("link"), f"{source}: link", {"bytes_per_s", "latency_s"})
-    measured = obj.get("measured")
     return HardwareProfile(
         name=_text(obj, "name", source),
         source=_text(obj, "source", source),

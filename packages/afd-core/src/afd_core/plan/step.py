@@ -25,7 +25,11 @@ all-to-all dispatch and combine form ``t_comm``, so::
     t_layer = max(t_attn + t_ffn + t_comm, stages * max(t_attn + t_ffn, t_link))
 
 TPOT is the sum over layers plus the step outside the layers (LM head, sampling,
-scheduling); tokens per second per device are ``sequences / TPOT / devices``.
+scheduling) and, with a measured ``serving_overhead``, the served step's process overhead;
+tokens per second per device are ``sequences / TPOT / devices``. Both are charged once
+per step on the attention role (the device, monolithic), whatever the stage count: vLLM
+schedules, samples and hands outputs over once per step. What a second stage costs per
+layer on the host (AFD's Python and hand-over per stage) is not measured and not charged.
 """
 
 from __future__ import annotations
@@ -121,7 +125,7 @@ class Prediction:
     devices: int
     sparse_layer: LayerTime
     dense_layer: LayerTime | None
-    outside_layers_s: float
+    outside_layers_s: float  # once per step: outside the layers, and serving when measured
     memory: dict[str, Memory]
 
     @property
@@ -160,7 +164,7 @@ def predict_afd(
         )
         dense = _afd_layer(attn + costs.dense(stage), ZERO, costs, 0.0, m)
         served = a * stage
-    outside = costs.outside_layers(plan.batch).seconds
+    outside = _outside(costs, plan.batch)
     return Prediction(
         tpot_s=_tpot(shape, sparse, dense, outside),
         sequences=a * plan.batch,
@@ -194,7 +198,7 @@ def predict_monolithic(
         colocated=True,
     )
     dense = LayerTime(attn, costs.dense(stage), ZERO, 0.0, m, colocated=True)
-    outside = costs.outside_layers(plan.batch).seconds
+    outside = _outside(costs, plan.batch)
     return Prediction(
         tpot_s=_tpot(shape, sparse, dense, outside),
         sequences=d * plan.batch,
@@ -210,6 +214,11 @@ def _afd_layer(attn: Cost, ffn: Cost, costs: LayerCosts, wire: float, stages: in
     return LayerTime(
         attn, ffn, costs.transfer(wire), costs.link_busy(wire), stages, colocated=False
     )
+
+
+def _outside(costs: LayerCosts, batch: int) -> float:
+    """Once per step on the attention role: the step outside the layers and serving."""
+    return (costs.outside_layers(batch) + costs.serving(batch)).seconds
 
 
 def _tpot(shape: ModelShape, sparse: LayerTime, dense: LayerTime, outside: float) -> float:

@@ -14,7 +14,14 @@ layer), prefix caching off. Forward hooks on every decoder layer's ``self_attn``
 * MoE: likewise over the sparse layers' ``mlp`` (gate, shared and routed experts), and
   also the prefill step's, at ``batch x context`` tokens; dense: the dense layers' ``mlp``;
 * step overhead: the time from one decode step's model forward to the next one's, less
-  the layers' time: embedding, norms, LM head, sampling, scheduling.
+  the layers' time: embedding, norms, LM head, sampling, scheduling; and that whole
+  step (forward to forward), as ``step``.
+
+With ``--served`` it times whole decode steps instead, with vLLM's engine core and worker
+in their own processes (``VLLM_ENABLE_V1_MULTIPROCESSING=1``, as a server runs them; all
+on the cores this process may use) and this process as the front end: per point, the
+wall time of ``generate`` at ``2 + 2 x steps`` output tokens less at 2, over the
+``2 x steps`` steps between. ``afd measure`` subtracts the in-process ``step`` from it.
 
 The attention's context is ``context + steps // 2`` (the middle of the decode steps).
 Writes the raw samples as JSON; ``afd measure`` turns them into a profile. Imports vLLM
@@ -45,34 +52,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", required=True)
     parser.add_argument("--contexts", required=True)
     parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--served", action="store_true", help="time served decode steps")
     args = parser.parse_args(argv)
     batches = [int(b) for b in args.batches.split(",")]
     contexts = [int(c) for c in args.contexts.split(",")]
-    samples = measure(args.model, batches, contexts, args.steps)
+    timer = measure_served if args.served else measure
+    samples = timer(args.model, batches, contexts, args.steps)
     args.out.write_text(json.dumps(samples, indent=1), encoding="utf-8")
     return 0
 
 
 def measure(model: Path, batches: list[int], contexts: list[int], steps: int) -> dict[str, Any]:
     """The samples of the module docstring, keyed ``attention``, ``moe``, ``dense``,
-    ``step_overhead`` (lists of ``[x, ..., seconds]``), with ``threads`` and ``method``."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    ``step_overhead``, ``step`` (lists of ``[x, ..., seconds]``), with ``threads`` and
+    ``method``."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_PLUGINS", "")
     import vllm
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    longest = max(contexts) + steps + 1
-    llm = LLM(
-        model=str(model),
-        dtype="bfloat16",
-        max_model_len=longest,
-        max_num_seqs=max(batches),
-        max_num_batched_tokens=max(max(batches) * max(contexts), 2048),
-        kv_cache_memory_bytes=_kv_bytes(max(batches) * longest),
-        enforce_eager=True,
-        enable_prefix_caching=False,
-        seed=0,
-    )
+    llm = _engine(model, batches, contexts, steps + 1)
     threads = llm.collective_rpc(_install_hooks)[0]
     params = SamplingParams(max_tokens=steps, ignore_eos=True, temperature=0.0)
     vocab = llm.get_tokenizer().vocab_size
@@ -91,6 +90,7 @@ def measure(model: Path, batches: list[int], contexts: list[int], steps: int) ->
     overhead: dict[int, list[float]] = defaultdict(list)
     moe: dict[int, list[float]] = defaultdict(list)
     dense: dict[int, list[float]] = defaultdict(list)
+    whole: list[list[float]] = []
     for context in contexts:
         for batch in batches:
             forwards = run(batch, context)
@@ -106,6 +106,9 @@ def measure(model: Path, batches: list[int], contexts: list[int], steps: int) ->
                     dense[f["tokens"]].append(f["dense"])
             for f, following in itertools.pairwise(decodes):
                 overhead[batch].append(following["start"] - f["start"] - f["layers"])
+            starts = [f["start"] for f in decodes]
+            gaps = [b - a for a, b in itertools.pairwise(starts)]
+            whole.append([batch, context, statistics.median(gaps)])
     return {
         "threads": threads,
         "method": (
@@ -120,7 +123,67 @@ def measure(model: Path, batches: list[int], contexts: list[int], steps: int) ->
         "step_overhead": [
             [b, max(statistics.median(v), 1e-9)] for b, v in sorted(overhead.items())
         ],
+        "step": whole,
     }
+
+
+def measure_served(
+    model: Path, batches: list[int], contexts: list[int], steps: int
+) -> dict[str, Any]:
+    """Served decode steps (see the module docstring): ``served_step`` as a list of
+    ``[batch, context, seconds]``, with ``method``."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    os.environ.setdefault("VLLM_PLUGINS", "")
+    import vllm
+    from vllm import SamplingParams
+
+    short, long = 2, 2 + 2 * steps
+    llm = _engine(model, batches, contexts, long + 1)
+    vocab = llm.get_tokenizer().vocab_size
+    rng = random.Random(0)
+
+    def wall(prompts: list[dict[str, Any]], tokens: int) -> float:
+        params = SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=0.0)
+        began = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        return time.perf_counter() - began
+
+    served: list[list[float]] = []
+    wall([{"prompt_token_ids": [1] * min(contexts)}], short)  # warm-up
+    for context in contexts:
+        for batch in batches:
+            prompts = [
+                {"prompt_token_ids": [rng.randrange(vocab) for _ in range(context)]}
+                for _ in range(batch)
+            ]
+            extra = wall(prompts, long) - wall(prompts, short)
+            served.append([batch, context, max(extra / (long - short), 1e-9)])
+    return {
+        "method": (
+            f"vLLM {vllm.__version__} engine core and worker in their own processes "
+            f"({platform.machine()}, {_cpu_name()}), eager; generate() wall time at "
+            f"{long} less {short} output tokens, per step; afd_core.plan.vllm_timing --served"
+        ),
+        "served_step": served,
+    }
+
+
+def _engine(model: Path, batches: list[int], contexts: list[int], decode_steps: int) -> Any:
+    """vLLM's ``LLM`` sized for the grid: every batch at the longest context."""
+    from vllm import LLM
+
+    longest = max(contexts) + decode_steps
+    return LLM(
+        model=str(model),
+        dtype="bfloat16",
+        max_model_len=longest,
+        max_num_seqs=max(batches),
+        max_num_batched_tokens=max(max(batches) * max(contexts), 2048),
+        kv_cache_memory_bytes=_kv_bytes(max(batches) * longest),
+        enforce_eager=True,
+        enable_prefix_caching=False,
+        seed=0,
+    )
 
 
 def _kv_bytes(tokens: int) -> int:
