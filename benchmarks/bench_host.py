@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 import os
-import platform
 import subprocess
 import sys
 from pathlib import Path
+
+from afd_core.plan.host import cpu_name
 
 MODEL_BUILD_TIMEOUT_S = 300.0
 
 
 def cpu_model() -> str:
-    """The processor's model name (``/proc/cpuinfo``), for the record of a run."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+    """The processor's model name, for the record of a run (:func:`afd_core.plan.host.cpu_name`)."""
+    return cpu_name()
 
 
 def load_average() -> str:

@@ -43,6 +43,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from afd_core.plan.host import cpu_name
+
 
 def main(argv: list[str] | None = None) -> int:
     """Time the grid and write the samples; exit status 0."""
@@ -113,7 +115,7 @@ def measure(model: Path, batches: list[int], contexts: list[int], steps: int) ->
         "threads": threads,
         "method": (
             f"vLLM {vllm.__version__} in-process engine on {platform.machine()} "
-            f"({_cpu_name()}), eager, {threads} torch thread(s); forward hooks on every "
+            f"({cpu_name()}), eager, {threads} torch thread(s); forward hooks on every "
             f"decoder layer; medians over {steps - 1} decode steps per point; "
             f"afd_core.plan.vllm_timing"
         ),
@@ -161,7 +163,7 @@ def measure_served(
     return {
         "method": (
             f"vLLM {vllm.__version__} engine core and worker in their own processes "
-            f"({platform.machine()}, {_cpu_name()}), eager; generate() wall time at "
+            f"({platform.machine()}, {cpu_name()}), eager; generate() wall time at "
             f"{long} less {short} output tokens, per step; afd_core.plan.vllm_timing --served"
         ),
         "served_step": served,
@@ -245,16 +247,6 @@ def _take_records(worker: Any) -> list[dict[str, Any]]:
             }
         )
     return out
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 if __name__ == "__main__":
