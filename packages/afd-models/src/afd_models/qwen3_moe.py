@@ -133,29 +133,8 @@ class FFNQwen3MoeForCausalLM(FFNRoleMixin, AFDQwen3MoeForCausalLM):
         # Builds no embeddings, attention, norms or lm_head.
         nn.Module.__init__(self)
         self.model = _Qwen3FFNStack(self.afd_init_ffn_role(STOCK, vllm_config, prefix))
-        self._set_moe_attributes()
-
-    def _set_moe_attributes(self) -> None:
-        """vLLM's MixtureOfExperts fields, as ``Qwen3MoeForCausalLM.__init__`` sets them
-        (expert-routed: for this rank's experts)."""
-        if self.afd_placement is not None:
-            self.afd_set_local_expert_fields()
-            return
-        blocks = [
-            layer.mlp
-            for layer in self.model.layers
-            if isinstance(layer.mlp, Qwen3MoeSparseMoeBlock)
-        ]
-        example = blocks[-1]
-        self.moe_layers = [block.experts for block in blocks]
-        self.num_moe_layers = len(blocks)
-        self.num_expert_groups = 1
-        self.num_shared_experts = 0
-        self.num_logical_experts = example.n_logical_experts
-        self.num_physical_experts = example.n_physical_experts
-        self.num_local_physical_experts = example.n_local_physical_experts
-        self.num_routed_experts = example.n_routed_experts
-        self.num_redundant_experts = example.n_redundant_experts
+        # vLLM's MixtureOfExperts fields, as Qwen3MoeForCausalLM.__init__ sets them.
+        self.afd_set_expert_fields(Qwen3MoeSparseMoeBlock)
 
 
 AFDQwen3MoeForCausalLM.afd_role_classes = MappingProxyType(

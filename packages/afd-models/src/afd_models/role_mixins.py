@@ -11,7 +11,7 @@ an FFN role of a stock MoE model does it with :meth:`FFNRoleMixin.afd_init_ffn_r
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 import torch
 from torch import nn
@@ -24,8 +24,8 @@ from afd_core.config import AFDConfig
 from afd_core.connector import ExpertRouting, WireSpec
 from afd_core.partials import partials_dtype
 from afd_core.placement import ExpertPlacement
-from afd_models.layers import FFNStack
-from afd_models.roles import FFN_NOT_SCHEDULED, afd_config, ffn_role_rank
+from afd_models.layers import FFNStack, check_attention_role
+from afd_models.roles import FFN_NOT_SCHEDULED, afd_config, clear_moe_attributes, ffn_role_rank
 from afd_models.routed import LocalExperts, compute_local_experts, keep_reference_weights
 from afd_models.weight_filter import role_weights
 
@@ -60,6 +60,34 @@ class AttentionRoleMixin:
             placement=self.afd_placement,
         )
         return super().load_weights(kept)  # type: ignore[misc]
+
+
+class StockAttentionRole(AttentionRoleMixin):
+    """The attention role of a model whose stock ``__init__`` runs unchanged under the
+    stand-ins of ``afd_stock`` (:meth:`StockMoEModel.attention_stand_ins`) and then calls
+    ``set_moe_parameters``, which gives the role no local experts.
+
+    A role class sets ``afd_stock`` and lists this class before the registered wrapper.
+    """
+
+    afd_stock: ClassVar[StockMoEModel]
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        afd = afd_config(vllm_config)
+        assert afd is not None
+        placement = self.afd_stock.placement(vllm_config, afd)
+        wire = self.afd_stock.wire_spec(vllm_config, afd)
+        with self.afd_stock.attention_stand_ins(placement):
+            super().__init__(vllm_config=vllm_config, prefix=prefix)  # type: ignore[call-arg]
+        routed_layers = None if placement is None else wire.exchange_layers
+        check_attention_role(self.model.layers, type(self).__name__, routed_layers)  # type: ignore[attr-defined]
+        self.afd = afd
+        self.afd_wire = wire
+        self.afd_placement = placement
+
+    def set_moe_parameters(self) -> None:
+        """Called by the stock ``__init__``: no local experts on the attention role."""
+        clear_moe_attributes(self)
 
 
 class FFNRoleMixin:
@@ -104,6 +132,25 @@ class FFNRoleMixin:
             )
             for layer in range(config.num_hidden_layers)
         ]
+
+    def afd_set_expert_fields(self, moe_block: type[nn.Module]) -> None:
+        """vLLM's MixtureOfExperts fields as the stock Qwen MoE models set them from their
+        ``moe_block`` blocks (``n_logical_experts``, ...; one expert group, no shared
+        experts counted); expert-routed: for this rank's experts."""
+        if self.afd_placement is not None:
+            self.afd_set_local_expert_fields()
+            return
+        blocks = [layer.mlp for layer in self.model.layers if isinstance(layer.mlp, moe_block)]
+        example = blocks[-1]
+        self.moe_layers = [block.experts for block in blocks]
+        self.num_moe_layers = len(blocks)
+        self.num_expert_groups = 1
+        self.num_shared_experts = 0
+        self.num_logical_experts = example.n_logical_experts
+        self.num_physical_experts = example.n_physical_experts
+        self.num_local_physical_experts = example.n_local_physical_experts
+        self.num_routed_experts = example.n_routed_experts
+        self.num_redundant_experts = example.n_redundant_experts
 
     def afd_set_local_expert_fields(self) -> list[LocalExperts]:
         """Expert-routed: set vLLM's MixtureOfExperts fields for this FFN rank's block of

