@@ -167,6 +167,35 @@ CASES = [
 ]
 
 
+def start_up_refusal(case: Case) -> str | None:
+    """What the installed afd-core's start-up check says against ``case``'s attention
+    deployment (two stages of an MLA model on Model Runner V2 stay refused until a GPU run
+    shows them exact: docs/cuda.md), or None."""
+    from afd_core.capabilities import AttentionDeployment, check_connector
+    from afd_core.config import AFDConfig, connector_class
+    from afd_core.errors import AFDConfigError
+    from afd_core.registry import get_registry
+
+    config = AFDConfig(
+        role="attention",
+        connector=case.connector,
+        compute_gate_on_attention=case.gate_on_attention,
+        num_stages=case.num_stages,
+    )
+    deployment = AttentionDeployment(
+        "cuda",
+        use_v2_model_runner=case.runner == "v2",
+        cudagraph_mode="NONE" if not case.graphs else case.graph_mode,
+        uses_mla=case.mla,
+    )
+    try:
+        connector = connector_class(get_registry().connector(case.connector))
+        check_connector(config, connector, deployment)
+    except AFDConfigError as refused:
+        return str(refused)
+    return None
+
+
 def max_logprob_difference(afd: list[Completion], reference: list[Completion]) -> float:
     """Largest |difference| of a logprob of a token both runs list, at any position."""
     worst = 0.0
@@ -187,6 +216,9 @@ def test_afd_on_cuda_serves_the_same_tokens_as_monolithic_vllm(
 ) -> None:
     if case.connector == NCCL and cuda_device_count() < 2:
         pytest.skip(f"{NCCL} needs two GPUs (one per role); this host has {cuda_device_count()}")
+    refusal = start_up_refusal(case)
+    if refusal is not None:
+        pytest.skip(f"the installed afd-core refuses this deployment at start-up: {refusal}")
     family = "wide_models" if case.model in WIDE_MODELS else "tiny_models"
     model = request.getfixturevalue(family) / case.model
     env = RUNNER_ENV[case.runner]
