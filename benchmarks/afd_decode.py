@@ -47,7 +47,13 @@ from bench_host import build_tiny_model, cpu_model, load_average
 from cpu_accounting import WindowTimes, cpu_count, snapshot, window
 from gloo_roundtrip import RoundTrip, format_table, measure
 
-from afd_core.launch import DeploymentSpec, LocalDeployment, ServerSpec, VllmServer, free_ports
+from afd_core.tools.launch import (
+    DeploymentSpec,
+    LocalDeployment,
+    ServerSpec,
+    VllmServer,
+    free_ports,
+)
 
 MODEL = "tiny-qwen3-moe"
 BATCHES = (1, 8)

@@ -42,7 +42,13 @@ from pathlib import Path
 
 from afd_decode import per_token_ms
 
-from afd_core.launch import DeploymentSpec, LocalDeployment, ServerSpec, VllmServer, free_ports
+from afd_core.tools.launch import (
+    DeploymentSpec,
+    LocalDeployment,
+    ServerSpec,
+    VllmServer,
+    free_ports,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.e2e_gpu.gpu_settings import server_args

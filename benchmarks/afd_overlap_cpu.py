@@ -58,8 +58,8 @@ from afd_decode import sleep_instead_of_spinning
 from afd_stages import Target, Window, measure_window
 from bench_host import cpu_model, load_average
 
-from afd_core.launch import DeploymentSpec, LocalDeployment
-from afd_core.launch.processes import session_processes
+from afd_core.tools.launch import DeploymentSpec, LocalDeployment
+from afd_core.tools.launch.processes import session_processes
 
 MODEL = "attention-heavy-qwen3-moe"
 PLUGIN = Path(__file__).resolve().parent / "afd-delay-plugin"

@@ -37,8 +37,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from afd_core.cli import main as afd_main
-from afd_core.launch import DeploymentSpec, LocalDeployment
+from afd_core.tools.cli import main as afd_main
+from afd_core.tools.launch import DeploymentSpec, LocalDeployment
 
 PROMPT = "the attention rank sends hidden states to the expert rank, request"
 BATCHES = (1, 8)

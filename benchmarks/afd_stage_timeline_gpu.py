@@ -52,8 +52,8 @@ from typing import Any
 
 from afd_profile_decode import profiler_args, range_base, read_trace
 
-from afd_core.cli import main as afd_main
-from afd_core.launch import DeploymentSpec, LocalDeployment
+from afd_core.tools.cli import main as afd_main
+from afd_core.tools.launch import DeploymentSpec, LocalDeployment
 
 PROMPT = "the attention rank sends hidden states to the expert rank, request"
 STREAMS = ("per-stage", "shared")

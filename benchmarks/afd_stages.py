@@ -60,7 +60,13 @@ from typing import Any
 from bench_host import build_tiny_model, cpu_model, load_average
 from cpu_accounting import snapshot, window
 
-from afd_core.launch import DeploymentSpec, LocalDeployment, ServerSpec, VllmServer, free_ports
+from afd_core.tools.launch import (
+    DeploymentSpec,
+    LocalDeployment,
+    ServerSpec,
+    VllmServer,
+    free_ports,
+)
 
 MODEL = "tiny-qwen3-moe"
 CONCURRENCY = (8, 16, 32)

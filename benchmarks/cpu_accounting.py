@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from afd_core.launch.processes import session_processes
+from afd_core.tools.launch.processes import session_processes
 
 _PROC = Path("/proc")
 

@@ -244,7 +244,7 @@ def _attention(
 ) -> None:
     import torch
 
-    from afd_core.metadata import AFDDPMetadata, ControlPayload
+    from afd_core.wire.metadata import AFDDPMetadata, ControlPayload
 
     torch.set_num_threads(1)
     rows = []
@@ -310,7 +310,7 @@ def measure(
     Each size gets ``rounds`` timed steps of :data:`BLOCK` layers after one warm-up step.
     Needs torch and afd-core importable; both processes end before it returns.
     """
-    from afd_core.launch import free_ports
+    from afd_core.tools.launch import free_ports
 
     ports = tuple(free_ports(len(hiddens)))  # one rendezvous per hidden size
     sizes = (rounds, tuple(tokens), tuple(hiddens))

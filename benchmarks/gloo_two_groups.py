@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=800, help="timed round trips per size")
     parser.add_argument("--runs", type=int, default=3, help="runs, each with new processes")
     args = parser.parse_args()
-    from afd_core.launch import free_ports
+    from afd_core.tools.launch import free_ports
 
     print("run  bytes/dir | group A med µs  group B med µs  B / A")
     for run in range(args.runs):

@@ -35,7 +35,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from afd_core.launch import DeploymentSpec, LocalDeployment, ServerSpec, VllmServer, free_ports
+from afd_core.tools.launch import (
+    DeploymentSpec,
+    LocalDeployment,
+    ServerSpec,
+    VllmServer,
+    free_ports,
+)
 from afd_models.tiny.specs import PROMPTS
 from tests.e2e_cpu.harness import Completion, complete
 from tests.e2e_gpu.gpu_settings import server_args

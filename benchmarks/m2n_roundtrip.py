@@ -151,7 +151,7 @@ def _attention(conn_port: int, raw_port: int, rounds: int, ffn_ranks: int, out: 
     import torch
 
     from afd_core.connector import ExpertRouting
-    from afd_core.metadata import AFDDPMetadata, ControlPayload
+    from afd_core.wire.metadata import AFDDPMetadata, ControlPayload
 
     torch.set_num_threads(1)
     _, raw = _raw_group(ffn_ranks, ffn_ranks + 1, raw_port)
@@ -215,7 +215,7 @@ def format_table(rows: Sequence[RoutedTrip], p2p: dict[int, float], ffn_ranks: i
 
 
 def main() -> None:
-    from afd_core.launch import free_ports
+    from afd_core.tools.launch import free_ports
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=8, help="timed blocks per size")

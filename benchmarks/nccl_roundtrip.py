@@ -189,7 +189,7 @@ def _attention_connector_graph(
     torch: Any, conn: Any, x: Any, step_id: int
 ) -> tuple[tuple[float, ...], int]:
     """Attention side of the connector graph; per-layer µs of each timed replay."""
-    from afd_core.metadata import AFDDPMetadata, ControlPayload
+    from afd_core.wire.metadata import AFDDPMetadata, ControlPayload
 
     tokens = x.shape[0]
 
@@ -239,7 +239,7 @@ def _attention(
 ) -> None:
     import torch
 
-    from afd_core.metadata import AFDDPMetadata, ControlPayload
+    from afd_core.wire.metadata import AFDDPMetadata, ControlPayload
 
     torch.cuda.set_device(ATTENTION_DEVICE)
     stream = torch.cuda.current_stream()
@@ -322,7 +322,7 @@ def measure(
     (and with ``graph`` :data:`GRAPH_REPLAYS` timed replays). Both processes end before
     it returns.
     """
-    from afd_core.launch import free_ports
+    from afd_core.tools.launch import free_ports
 
     os.environ.setdefault("NCCL_GRAPH_MIXING_SUPPORT", "0")  # inherited by both processes
     conn_port, raw_port = free_ports(2)

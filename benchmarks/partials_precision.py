@@ -31,7 +31,13 @@ from typing import Any
 
 from bench_host import build_tiny_model, cpu_model, load_average
 
-from afd_core.launch import DeploymentSpec, LocalDeployment, ServerSpec, VllmServer, free_ports
+from afd_core.tools.launch import (
+    DeploymentSpec,
+    LocalDeployment,
+    ServerSpec,
+    VllmServer,
+    free_ports,
+)
 from afd_models.tiny.specs import PROMPTS
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from afd_core.launch.processes import kill_session
+from afd_core.tools.launch.processes import kill_session
 from tests.e2e_cpu.harness import MonolithicServers, build_tiny_models, leftover_processes
 
 

@@ -32,8 +32,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from afd_core.launch import ServerSpec, VllmServer, free_ports
-from afd_core.launch.processes import session_processes, started_sessions
+from afd_core.tools.launch import ServerSpec, VllmServer, free_ports
+from afd_core.tools.launch.processes import session_processes, started_sessions
 
 SERVER_START_TIMEOUT_S = 180.0
 REQUEST_TIMEOUT_S = 120.0

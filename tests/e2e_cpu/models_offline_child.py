@@ -234,7 +234,7 @@ def run_child(model_dir: Path, work_dir: Path, compiled: bool) -> dict[str, Any]
     from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
     from vllm.model_executor.models import ModelRegistry
 
-    from afd_core.specs import load_target
+    from afd_core.plugins.specs import load_target
     from afd_models.hooks import afd_models
 
     # vLLM's parallel groups (world size 1), as an engine's worker creates them: the FFN

@@ -36,8 +36,8 @@ from typing import Any
 
 import pytest
 
-from afd_core.launch import DeploymentSpec, LocalDeployment
-from afd_core.launch.deployment import DEFAULT_CONNECTOR
+from afd_core.tools.launch import DeploymentSpec, LocalDeployment
+from afd_core.tools.launch.deployment import DEFAULT_CONNECTOR
 from afd_models.tiny.specs import MEASURED_TOKENS, PROMPTS
 from tests.e2e_cpu.harness import (
     BF16_RTOL,

@@ -25,8 +25,14 @@ from typing import Any
 
 import pytest
 
-from afd_core.launch import DeploymentSpec, LocalDeployment, ServerSpec, VllmServer, free_ports
-from afd_core.launch.deployment import DEFAULT_CONNECTOR
+from afd_core.tools.launch import (
+    DeploymentSpec,
+    LocalDeployment,
+    ServerSpec,
+    VllmServer,
+    free_ports,
+)
+from afd_core.tools.launch.deployment import DEFAULT_CONNECTOR
 from afd_core.workers.process_exit import EXIT_GRACE_S
 from afd_models.tiny.specs import PROMPTS
 from tests.e2e_cpu.harness import MonolithicServers, complete

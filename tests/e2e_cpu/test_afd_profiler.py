@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from afd_core.cli import main as afd_main
-from afd_core.launch import DeploymentSpec, LocalDeployment
+from afd_core.tools.cli import main as afd_main
+from afd_core.tools.launch import DeploymentSpec, LocalDeployment
 from afd_core.workers.profiling import (
     ATTENTION_BEGIN,
     ATTENTION_SEND,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from afd_core.launch import DeploymentSpec, LocalDeployment
+from afd_core.tools.launch import DeploymentSpec, LocalDeployment
 from afd_models.tiny.specs import MEASURED_TOKENS, PROMPTS
 from tests.e2e_cpu.harness import MonolithicServers, complete, first_mismatch, settled
 from tests.e2e_cpu.test_afd_exactness import LOGPROB_ATOL

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from afd_core.launch import DeploymentSpec, LocalDeployment
 from afd_core.placement import ExpertPlacement
+from afd_core.tools.launch import DeploymentSpec, LocalDeployment
 from afd_models.tiny.specs import MEASURED_TOKENS, PROMPTS
 from tests.e2e_cpu.harness import BF16_RTOL, MonolithicServers, complete, first_mismatch
 from tests.e2e_cpu.test_afd_exactness import (
@@ -61,7 +61,7 @@ class Case:
     num_attention_ranks: int
     num_ffn_ranks: int
     ubatching: bool
-    #: ``partials_dtype`` (afd_core.partials): "float32" rounds the MoE output once, as
+    #: ``partials_dtype`` (afd_core.config.partials): "float32" rounds the MoE output once, as
     #: monolithic vLLM does, so the suite's own tolerance applies.
     partials: str = "model"
 

@@ -11,8 +11,8 @@ import inspect
 
 import pytest
 
-from afd_core.registry import get_registry
-from afd_core.specs import load_target
+from afd_core.plugins.registry import get_registry
+from afd_core.plugins.specs import load_target
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from afd_core.launch import DeploymentSpec, LocalDeployment
 from afd_core.placement import ExpertPlacement
+from afd_core.tools.launch import DeploymentSpec, LocalDeployment
 from afd_models.tiny.specs import MEASURED_TOKENS, PROMPTS
 from tests.e2e_cpu.harness import BF16_RTOL, MonolithicServers, complete, first_mismatch
 from tests.e2e_cpu.test_afd_exactness import (

@@ -3,7 +3,7 @@
 One plain vLLM server of the tiny Qwen3-MoE prefills (KV producer); an AFD 1A1F
 deployment decodes, its attention server a KV consumer; vLLM's ``ExampleConnector`` hands
 the KV over as files in a shared directory; clients talk to the prefill proxy
-(:mod:`afd_core.launch.prefill_proxy`) through the official ``openai`` client:
+(:mod:`afd_core.tools.launch.prefill_proxy`) through the official ``openai`` client:
 
 * the completions equal monolithic vLLM's (greedy tokens; top-5 logprobs within the
   tolerance of the AFD exactness tests), and the decode side used the prefill server's
@@ -31,9 +31,15 @@ from types import MappingProxyType
 
 import pytest
 
-from afd_core.launch import DeploymentSpec, LocalDeployment, ServerSpec, VllmServer, free_ports
-from afd_core.launch.kv_transfer import KVTransferSpec
-from afd_core.launch.prefill_proxy import PrefillDecodeProxy, ProxySpec
+from afd_core.tools.launch import (
+    DeploymentSpec,
+    LocalDeployment,
+    ServerSpec,
+    VllmServer,
+    free_ports,
+)
+from afd_core.tools.launch.kv_transfer import KVTransferSpec
+from afd_core.tools.launch.prefill_proxy import PrefillDecodeProxy, ProxySpec
 from afd_models.tiny.specs import MIN_GAP_NATS, PROMPTS
 from tests.e2e_cpu.harness import (
     REQUEST_TIMEOUT_S,

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from afd_core.launch import DeploymentSpec, LocalDeployment
+from afd_core.tools.launch import DeploymentSpec, LocalDeployment
 from afd_models.tiny.specs import MEASURED_TOKENS, PROMPTS, QWEN3_5_MOE
 from tests.e2e_cpu.harness import (
     BF16_RTOL,

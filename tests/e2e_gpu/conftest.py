@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from afd_core.launch.processes import kill_session
+from afd_core.tools.launch.processes import kill_session
 from tests.e2e_cpu.conftest import tiny_models, vllm_cache_root
 from tests.e2e_cpu.harness import MonolithicServers, build_tiny_models, leftover_processes
 from tests.e2e_gpu.gpu_settings import cuda_device_count, role_gpus, server_args

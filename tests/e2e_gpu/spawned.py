@@ -72,7 +72,7 @@ def ranks() -> Iterator[Ranks]:
 
 @pytest.fixture
 def port() -> int:
-    from afd_core.launch import free_ports
+    from afd_core.tools.launch import free_ports
 
     (free,) = free_ports(1)
     return free

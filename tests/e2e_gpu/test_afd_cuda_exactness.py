@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pytest
 
-from afd_core.launch import DeploymentSpec, LocalDeployment
+from afd_core.tools.launch import DeploymentSpec, LocalDeployment
 from afd_models.tiny.specs import MEASURED_TOKENS, PROMPTS
 from tests.e2e_cpu.harness import Completion, MonolithicServers, complete
 from tests.e2e_cpu.test_afd_exactness import STAGE_TOKEN_THRESHOLD
@@ -174,7 +174,7 @@ def start_up_refusal(case: Case) -> str | None:
     from afd_core.capabilities import AttentionDeployment, check_connector
     from afd_core.config import AFDConfig, connector_class
     from afd_core.errors import AFDConfigError
-    from afd_core.registry import get_registry
+    from afd_core.plugins.registry import get_registry
 
     config = AFDConfig(
         role="attention",

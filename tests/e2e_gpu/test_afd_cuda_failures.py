@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from afd_core.launch import DeploymentSpec, LocalDeployment
+from afd_core.tools.launch import DeploymentSpec, LocalDeployment
 from afd_models.tiny.specs import PROMPTS
 from tests.e2e_cpu.harness import complete
 from tests.e2e_cpu.test_afd_failures import REQUEST_TOKENS, request_outcome, wait_exit

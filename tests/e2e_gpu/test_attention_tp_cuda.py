@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from afd_core.launch import DeploymentSpec, LocalDeployment
+from afd_core.tools.launch import DeploymentSpec, LocalDeployment
 from afd_models.tiny.specs import PROMPTS
 from tests.e2e_cpu.harness import MonolithicServers, complete
 from tests.e2e_gpu.gpu_settings import cuda_device_count, role_gpus, server_args

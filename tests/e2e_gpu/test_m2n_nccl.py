@@ -95,7 +95,7 @@ def attend(port: int, a: int, f: int, rank: int) -> dict[str, Any]:
     import torch
 
     from afd_core.connector import ExpertRouting
-    from afd_core.metadata import AFDDPMetadata, ControlPayload
+    from afd_core.wire.metadata import AFDDPMetadata, ControlPayload
 
     conn = connect("attention", rank, port, a, f)
     device = torch.device("cuda", torch.cuda.current_device())

@@ -95,7 +95,7 @@ def attend(port: int, gate: bool) -> dict[str, Any]:
     """Attention rank: every step and layer, check the result exactly; count exchanges."""
     import torch
 
-    from afd_core.metadata import AFDDPMetadata, ControlPayload
+    from afd_core.wire.metadata import AFDDPMetadata, ControlPayload
 
     conn = connect("attention", port, ATTENTION_DEVICE, gate)
     spec, device = conn.wire, torch.device("cuda", ATTENTION_DEVICE)
@@ -151,7 +151,7 @@ def attend_one_step(port: int) -> tuple[str, str]:
     """Attention rank: one step of every layer; report the error of its check."""
     import torch
 
-    from afd_core.metadata import AFDDPMetadata, ControlPayload
+    from afd_core.wire.metadata import AFDDPMetadata, ControlPayload
 
     conn = connect("attention", port, ATTENTION_DEVICE, False, timeout_s=15)
     try:
@@ -233,7 +233,7 @@ def attend_graph_steps(port: int, gate: bool) -> dict[str, Any]:
     """Attention rank: capture whole steps in CUDA graphs as vLLM does, replay, check."""
     import torch
 
-    from afd_core.metadata import AFDDPMetadata, ControlPayload
+    from afd_core.wire.metadata import AFDDPMetadata, ControlPayload
 
     conn = connect("attention", port, ATTENTION_DEVICE, gate)
     spec, device = conn.wire, torch.device("cuda", ATTENTION_DEVICE)

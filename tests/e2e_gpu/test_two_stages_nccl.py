@@ -106,7 +106,7 @@ def attend(port: int, a: int, f: int, rank: int, expert: bool) -> dict[str, Any]
 
     from afd_attention.stage_scheduler import StageScheduler
     from afd_core.connector import ExpertRouting
-    from afd_core.metadata import AFDDPMetadata, ControlPayload
+    from afd_core.wire.metadata import AFDDPMetadata, ControlPayload
 
     conn = _connect("attention", rank, port, a, f, expert)
     endpoint = conn.attention

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from afd_core.launch import free_ports
+from afd_core.tools.launch import free_ports
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ def reports_peer_gone(error: str | None, peer: str, doing: str) -> bool:
 
 def skip_the_exchange_rule(layers: tuple[int, ...]) -> None:
     """Make this process a peer whose build skips the rule of a step's exchanges
-    (:class:`~afd_core.step_exchanges.StepExchanges` admits any layer of ``layers``, in
+    (:class:`~afd_core.kit.step_exchanges.StepExchanges` admits any layer of ``layers``, in
     any order), so that a mispaired layer reaches the wire and the receiver's header check."""
-    from afd_core.step_exchanges import StepExchanges
+    from afd_core.kit.step_exchanges import StepExchanges
 
     def take(self: StepExchanges, layer: int, stage: int) -> int:
         return stage * len(layers) + layers.index(layer)

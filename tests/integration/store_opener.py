@@ -1,4 +1,4 @@
-"""A :class:`~afd_core.op_provider.GroupOpener` for tests: a TCPStore of the ranks of one
+"""A :class:`~afd_core.dataplane.op_provider.GroupOpener` for tests: a TCPStore of the ranks of one
 test, PrefixStores on it, and gloo transports opened on those."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from afd_core.dataplane.op_provider import GroupOpener
 from afd_core.errors import AFDPeerError
-from afd_core.op_provider import GroupOpener
 from afd_core.runtime.gloo import GlooTransport
 
 

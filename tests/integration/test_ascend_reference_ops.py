@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from afd_ascend_ops.reference import ReferenceOpProvider
-from afd_core.op_provider import GroupSite
+from afd_core.dataplane.op_provider import GroupSite
 from afd_core.topology import Topology
 from tests.integration.peer_errors import reports_peer_gone
 from tests.integration.store_opener import StoreGroupOpener

@@ -22,7 +22,7 @@ import torch
 
 from afd_ascend_ops.reference import ReferenceOpProvider
 from afd_ascend_ops.reference.async_group import BATCH_INFO
-from afd_core.op_provider import GroupSite
+from afd_core.dataplane.op_provider import GroupSite
 from afd_core.topology import Topology
 from tests.integration.store_opener import StoreGroupOpener
 

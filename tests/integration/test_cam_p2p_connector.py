@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import torch
 
-from afd_core.metadata import ControlPayload
 from afd_core.topology import Topology
+from afd_core.wire.metadata import ControlPayload
 from tests.integration.peer_errors import reports_peer_gone
 from tests.integration.test_gloo_connector import (
     LAYERS,

@@ -22,8 +22,8 @@ import torch
 
 from afd_core.connector import ExpertRouting
 from afd_core.errors import AFDPeerError
-from afd_core.metadata import AFDDPMetadata, ControlPayload
 from afd_core.runtime.seats import VACANCY_WAIT_S
+from afd_core.wire.metadata import AFDDPMetadata, ControlPayload
 from tests.integration.test_expert_routed_gloo import LAYERS, connect, expert_function, routing
 
 IDLE_LIMIT_S = 60

@@ -18,8 +18,8 @@ import torch
 from afd_connectors_gpu.expert_routed import ExpertRoutedAFDConnector
 from afd_core.config import AFDConfig
 from afd_core.connector import ExpertRouting, WireSpec
-from afd_core.metadata import AFDDPMetadata, ControlPayload
 from afd_core.placement import ExpertPlacement
+from afd_core.wire.metadata import AFDDPMetadata, ControlPayload
 from tests.integration.peer_errors import reports_peer_gone, skip_the_exchange_rule
 
 E, K, H = 8, 2, 16

@@ -21,9 +21,9 @@ from afd_core.assembly import P2P_BLOCK, Control, Layout, P2pBlock, Recipe, gloo
 from afd_core.config import AFDConfig
 from afd_core.connector import Connector, WireSpec
 from afd_core.connectors.gloo import P2pGlooAFDConnector
-from afd_core.metadata import AFDDPMetadata, ControlPayload
-from afd_core.registry import get_registry
+from afd_core.plugins.registry import get_registry
 from afd_core.runtime.liveness import SILENCE_S
+from afd_core.wire.metadata import AFDDPMetadata, ControlPayload
 from tests.integration.peer_errors import reports_peer_gone, skip_the_exchange_rule
 from tests.unit.core.loopback import RecordingReplayGuard
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from afd_core.errors import AFDPeerError
-from afd_core.launch import free_ports
 from afd_core.runtime.rendezvous import open_session
 from afd_core.runtime.store_gate import HANDSHAKE_S, MAGIC, SECRET_ENV, rendezvous_secret
+from afd_core.tools.launch import free_ports
 from tests.integration.test_gloo_connector import LAYERS, run_attention, run_ffn
 
 pytest.importorskip("torch.distributed", reason="the store is torch's TCPStore")

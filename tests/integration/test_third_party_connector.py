@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from afd_core.launch import free_ports
+from afd_core.tools.launch import free_ports
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "plugins" / "afd-example-connector"
 DIST = "afd-example-connector"
@@ -36,9 +36,9 @@ import torch
 from afd_core.config import parse_afd_config
 from afd_core.connector import Connector, WireSpec
 from afd_core.errors import AFDConfigError
-from afd_core.metadata import AFDDPMetadata, ControlPayload
-from afd_core.plugins import get_plugin_manager
-from afd_core.registry import get_registry
+from afd_core.wire.metadata import AFDDPMetadata, ControlPayload
+from afd_core.plugins.manager import get_plugin_manager
+from afd_core.plugins.registry import get_registry
 
 def error_of(fn):
     try:
@@ -128,8 +128,8 @@ import json, sys
 import torch
 from afd_core.config import parse_afd_config
 from afd_core.connector import WireSpec
-from afd_core.metadata import AFDDPMetadata, ControlPayload
-from afd_core.registry import get_registry
+from afd_core.wire.metadata import AFDDPMetadata, ControlPayload
+from afd_core.plugins.registry import get_registry
 
 role, port = sys.argv[1], int(sys.argv[2])
 config = parse_afd_config(

@@ -24,7 +24,7 @@ PROBE = """
 import sys
 from vllm.plugins import load_general_plugins
 load_general_plugins()
-from afd_core.registry import get_registry
+from afd_core.plugins.registry import get_registry
 registry = get_registry()
 npu = sorted(role for role, platform in registry.workers if platform == "npu")
 assert npu == ["attention", "ffn"], npu

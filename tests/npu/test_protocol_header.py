@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from afd_ascend_ops.header import OPS, MessageHeader
-from afd_core.metadata import WIRE_DTYPES
+from afd_core.wire.metadata import WIRE_DTYPES
 from tests.npu.modules import ROOT
 
 COMMON = ROOT / "packages" / "afd-ascend-ops" / "csrc" / "common"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from afd_core.transport import Transport
+from afd_core.dataplane.transport import Transport
 
 
 class RecordingTransport(Transport):

@@ -17,8 +17,8 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.distributed import HashStore, PrefixStore  # noqa: E402
 
+from afd_core.dataplane.op_provider import GroupOpener, GroupSite  # noqa: E402
 from afd_core.errors import AFDConfigError, AFDPeerError  # noqa: E402
-from afd_core.op_provider import GroupOpener, GroupSite  # noqa: E402
 from afd_core.topology import Topology  # noqa: E402
 
 

@@ -10,8 +10,8 @@ torch = pytest.importorskip("torch")
 from afd_ascend_ops import registry  # noqa: E402
 from afd_ascend_ops.reference import ReferenceOpProvider  # noqa: E402
 from afd_ascend_ops.reference.group import ReferenceGroup  # noqa: E402
+from afd_core.dataplane.op_provider import GroupOpener, GroupSite  # noqa: E402
 from afd_core.errors import AFDPeerError, AFDShutdown  # noqa: E402
-from afd_core.op_provider import GroupOpener, GroupSite  # noqa: E402
 from afd_core.topology import Topology  # noqa: E402
 from tests.unit.ascend_ops.recording import RecordingTransport  # noqa: E402
 

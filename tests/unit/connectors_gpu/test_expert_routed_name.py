@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from afd_connectors_gpu.expert_routed import ExpertRoutedAFDConnector
-from afd_core.registry import get_registry
+from afd_core.plugins.registry import get_registry
 
 
 def test_the_former_name_loads_the_same_connector_class() -> None:

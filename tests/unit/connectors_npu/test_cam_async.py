@@ -16,12 +16,12 @@ from afd_connectors_npu import hooks
 from afd_connectors_npu.cam_async import CamAsync, CamAsyncAttentionEndpoint, placement
 from afd_connectors_npu.connector import CAMAsyncAFDConnector
 from afd_core.assembly import Control, Layout, OpPlane, RuntimeSpec
-from afd_core.cli import main
 from afd_core.config import AFDConfig, parse_afd_config
 from afd_core.connector import ExpertRouting, WireSpec
 from afd_core.errors import AFDConfigError, AFDProtocolError
 from afd_core.failures import Fuse
-from afd_core.metadata import AFDDPMetadata, ControlPayload
+from afd_core.tools.cli import main
+from afd_core.wire.metadata import AFDDPMetadata, ControlPayload
 
 torch = pytest.importorskip("torch")
 

@@ -9,7 +9,7 @@ from afd_connectors_npu.cam_p2p import call_op, layer_of_ffn_step
 from afd_core.connector import FFNStep
 from afd_core.errors import AFDPeerError, AFDProtocolError, AFDShutdown
 from afd_core.failures import Fuse
-from afd_core.metadata import AFDDPMetadata, ControlPayload
+from afd_core.wire.metadata import AFDDPMetadata, ControlPayload
 
 DOING = "layer 1 of step 100"
 

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from afd_core.assembly import Control, ExpertRouted, P2pBlock, Pattern
-from afd_core.coercion import to_int
+from afd_core.config.coercion import to_int
 from afd_core.connector import Connector
 from afd_core.errors import AFDConfigError
-from afd_core.specs import ConnectorSpec
+from afd_core.plugins.specs import ConnectorSpec
 
 _MODULE = __name__
 

@@ -44,11 +44,11 @@ from afd_core.assembly import (
 )
 from afd_core.config import AFDConfig
 from afd_core.connector import Connector, ConnectorParts, WireSpec
+from afd_core.dataplane.transport import Transfer, TransferFailed, Transport
 from afd_core.failures import PeerFailures
 from afd_core.runtime.assembler import endpoint_on_world
 from afd_core.runtime.parts import Parts
 from afd_core.runtime.world import World
-from afd_core.transport import Transfer, TransferFailed, Transport
 
 
 class Fabric:

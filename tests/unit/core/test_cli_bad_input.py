@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from afd_core.cli import main as afd_main
+from afd_core.tools.cli import main as afd_main
 
 P2P = {"role": "ffn", "connector": "P2pGlooAFDConnector"}
 EXPERT = {

@@ -1,6 +1,6 @@
-"""``afd check``: run in-process through ``afd_core.cli.main`` with a fake connector registry.
+"""``afd check``: run in-process through ``afd_core.tools.cli.main`` with a fake connector registry.
 
-The registry is replaced by putting a stand-in ``afd_core.registry`` module into
+The registry is replaced by putting a stand-in ``afd_core.plugins.registry`` module into
 ``sys.modules``, so the command goes through exactly the code path it uses in production
 (``parse_afd_config`` asking ``get_registry()`` for the connectors).
 """
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from afd_core.cli import build_parser, main
 from afd_core.errors import AFDInstallError
+from afd_core.tools.cli import build_parser, main
 from tests.unit.core.fake_connectors import CONNECTORS
 
 VALID = {
@@ -31,9 +31,9 @@ VALID = {
 
 @pytest.fixture(autouse=True)
 def fake_registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    registry = types.ModuleType("afd_core.registry")
+    registry = types.ModuleType("afd_core.plugins.registry")
     registry.get_registry = lambda: SimpleNamespace(connectors=CONNECTORS)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "afd_core.registry", registry)
+    monkeypatch.setitem(sys.modules, "afd_core.plugins.registry", registry)
 
 
 def check(capsys: pytest.CaptureFixture[str], argument: str) -> tuple[int, str, str]:
@@ -158,7 +158,7 @@ def test_multi_line_plugin_error_is_printed_on_one_line(
     def broken_registry() -> None:
         raise AFDInstallError("AFD: cannot load plugin 'x': Traceback\n  line 2")
 
-    monkeypatch.setattr(sys.modules["afd_core.registry"], "get_registry", broken_registry)
+    monkeypatch.setattr(sys.modules["afd_core.plugins.registry"], "get_registry", broken_registry)
     status, out, err = check(capsys, json.dumps(VALID))
     assert_one_line_error(status, out, err, "error: AFD: cannot load plugin 'x': Traceback line 2")
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from afd_core.cli import main
-from afd_core.registry import get_registry
+from afd_core.plugins.registry import get_registry
+from afd_core.tools.cli import main
 
 #: The expert-routed connectors of this repository, with the settings they need.
 EXPERT_ROUTED = {

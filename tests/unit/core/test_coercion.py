@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from afd_core.coercion import (
+from afd_core.config.coercion import (
     show,
     to_bool,
     to_int,

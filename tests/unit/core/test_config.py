@@ -148,11 +148,11 @@ def test_connector_is_rejected_when_no_connector_is_registered() -> None:
 
 
 def test_connectors_default_to_the_installed_registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    registry = types.ModuleType("afd_core.registry")
+    registry = types.ModuleType("afd_core.plugins.registry")
     registry.get_registry = lambda: SimpleNamespace(  # type: ignore[attr-defined]
         connectors={"FakePlain": CONNECTORS["FakePlain"]}
     )
-    monkeypatch.setitem(sys.modules, "afd_core.registry", registry)
+    monkeypatch.setitem(sys.modules, "afd_core.plugins.registry", registry)
     assert parse_afd_config(BASE | {"connector": "FakePlain"}).connector == "FakePlain"
     with pytest.raises(AFDConfigError, match="registered connectors: FakePlain;"):
         parse_afd_config(BASE)

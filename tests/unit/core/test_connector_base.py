@@ -14,7 +14,7 @@ from afd_core.config import AFDConfig
 from afd_core.connector import AttentionEndpoint, Connector, ConnectorParts, WireSpec
 from afd_core.connectors.gloo import P2pGlooAFDConnector
 from afd_core.errors import AFDConfigError, AFDShutdown
-from afd_core.launch import free_ports
+from afd_core.tools.launch import free_ports
 
 WIRE = WireSpec(hidden_size=8, dtype="float32", num_exchange_layers=2)
 

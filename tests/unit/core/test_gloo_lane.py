@@ -15,8 +15,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from afd_core.dataplane.transport import Lane, TransferFailed  # noqa: E402
 from afd_core.runtime.gloo import GlooLane, GlooTransport  # noqa: E402
-from afd_core.transport import Lane, TransferFailed  # noqa: E402
 
 
 @pytest.fixture

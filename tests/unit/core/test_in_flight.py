@@ -1,4 +1,4 @@
-"""The pairing of an attention endpoint's sends and results (``afd_core.in_flight``):
+"""The pairing of an attention endpoint's sends and results (``afd_core.kit.in_flight``):
 one exchange in flight per stage, each receive completing its stage's send of the same
 layer; every other order is an AFDProtocolError naming rank, layer and stage."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from afd_core.errors import AFDProtocolError
-from afd_core.in_flight import InFlight
+from afd_core.kit.in_flight import InFlight
 
 
 def test_each_stage_pairs_its_send_with_its_receive_in_any_stage_order() -> None:

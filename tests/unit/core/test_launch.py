@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from afd_core.errors import AFDConfigError
-from afd_core.launch import (
+from afd_core.tools.launch import (
     DeploymentSpec,
     ServerError,
     ServerSpec,
@@ -27,7 +27,7 @@ from afd_core.launch import (
     deployment,
     free_ports,
 )
-from afd_core.launch.processes import kill_session, session_processes, started_sessions
+from afd_core.tools.launch.processes import kill_session, session_processes, started_sessions
 from tests.unit.core.fake_connectors import CONNECTORS
 
 needs_proc = pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux /proc")
@@ -35,9 +35,9 @@ needs_proc = pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux 
 
 @pytest.fixture(autouse=True)
 def fake_registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    registry = types.ModuleType("afd_core.registry")
+    registry = types.ModuleType("afd_core.plugins.registry")
     registry.get_registry = lambda: SimpleNamespace(connectors=CONNECTORS)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "afd_core.registry", registry)
+    monkeypatch.setitem(sys.modules, "afd_core.plugins.registry", registry)
 
 
 def _flag(cmd: list[str], name: str) -> str:

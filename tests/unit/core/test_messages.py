@@ -9,7 +9,6 @@ torch = pytest.importorskip("torch")
 
 from afd_core.connector import WireSpec  # noqa: E402
 from afd_core.errors import AFDProtocolError  # noqa: E402
-from afd_core.metadata import TransferHeader  # noqa: E402
 from afd_core.runtime.messages.forms import (  # noqa: E402
     RECEIVES_FIRST,
     SENDS_FIRST,
@@ -17,7 +16,8 @@ from afd_core.runtime.messages.forms import (  # noqa: E402
     posting_order,
 )
 from afd_core.runtime.messages.frames import FrameBuffer, FrameLayout, memmove  # noqa: E402
-from afd_core.runtime.messages.headers import (  # noqa: E402
+from afd_core.wire import HEADER_BYTES  # noqa: E402
+from afd_core.wire.headers import (  # noqa: E402
     HeaderedBuffer,
     HeaderWriter,
     IncomingHeaders,
@@ -25,7 +25,7 @@ from afd_core.runtime.messages.headers import (  # noqa: E402
     OutgoingHeaders,
     read_header,
 )
-from afd_core.wire import HEADER_BYTES  # noqa: E402
+from afd_core.wire.metadata import TransferHeader  # noqa: E402
 from tests.unit.core.loopback import ExactLoopbackTransport, Fabric, LoopbackTransport  # noqa: E402
 
 #: Two exchange layers, the gate on attention: A2F messages carry router logits.

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from afd_core.errors import AFDProtocolError
-from afd_core.metadata import (
+from afd_core.wire.metadata import (
     AFDDPMetadata,
     AFDStepMetadata,
     ControlPayload,

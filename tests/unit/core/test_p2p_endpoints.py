@@ -19,9 +19,9 @@ torch = pytest.importorskip("torch")
 
 from afd_core.connector import WireSpec  # noqa: E402
 from afd_core.errors import AFDPeerError, AFDProtocolError, AFDShutdown  # noqa: E402
-from afd_core.metadata import AFDDPMetadata, ControlPayload  # noqa: E402
+from afd_core.kit.step_exchanges import StepExchanges  # noqa: E402
 from afd_core.runtime.messages import frames  # noqa: E402
-from afd_core.step_exchanges import StepExchanges  # noqa: E402
+from afd_core.wire.metadata import AFDDPMetadata, ControlPayload  # noqa: E402
 from tests.unit.core.loopback import DATA_PLANES, close_all, loopback_connectors  # noqa: E402
 
 

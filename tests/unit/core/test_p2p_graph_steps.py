@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 from afd_core.connector import WireSpec  # noqa: E402
 from afd_core.errors import AFDProtocolError  # noqa: E402
-from afd_core.metadata import AFDDPMetadata, ControlPayload  # noqa: E402
+from afd_core.wire.metadata import AFDDPMetadata, ControlPayload  # noqa: E402
 from tests.unit.core.loopback import close_all, loopback_connectors  # noqa: E402
 
 #: Layer 0 is dense (no router logits), layer 1 carries them.

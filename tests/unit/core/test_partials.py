@@ -6,8 +6,8 @@ import pytest
 
 from afd_connectors_gpu.expert_routed import M2NExtraConfig
 from afd_connectors_npu.extra_config import CamAsyncExtraConfig
+from afd_core.config.partials import parse_partials_dtype, partials_dtype, wire_dtype
 from afd_core.errors import AFDConfigError
-from afd_core.partials import parse_partials_dtype, partials_dtype, wire_dtype
 
 
 @pytest.mark.parametrize(

@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 
 from afd_core import failures as failures_module
+from afd_core.dataplane.transport import TransferFailed
 from afd_core.errors import AFDPeerError
 from afd_core.failures import Fuse, PeerFailures
 from afd_core.topology import Topology
-from afd_core.transport import TransferFailed
 
 
 def explain(fuse: Fuse, reason: str) -> str:

@@ -8,7 +8,7 @@ import inspect
 import pytest
 
 from afd_core.assembly import AttentionSide, FFNSide
-from afd_core.peer_links import FFNLinks
+from afd_core.kit.peer_links import FFNLinks
 from afd_core.runtime.links import BlockLinks
 
 #: The members FFNLinks declares (its methods and attributes), not object's or Protocol's.

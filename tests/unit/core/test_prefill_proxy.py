@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from afd_core.launch.kv_transfer import KVTransferSpec
-from afd_core.launch.prefill_proxy import (
+from afd_core.tools.launch.kv_transfer import KVTransferSpec
+from afd_core.tools.launch.prefill_proxy import (
     REMOTE_DECODE,
     PrefillDecodeProxy,
     ProxySpec,

@@ -1,4 +1,4 @@
-"""Plugin loading (``afd_core.plugins``) and the registry built from the hooks.
+"""Plugin loading (``afd_core.plugins.manager``) and the registry built from the hooks.
 
 Entry points are faked (objects with ``name``, ``value``, ``dist`` and ``load``), plugins
 are plain objects with ``@hookimpl`` methods; nothing here imports vLLM or torch.
@@ -15,11 +15,13 @@ from typing import Any
 
 import pytest
 
-from afd_core import builtin_hooks, hookimpl, plugins
+from afd_core import hookimpl
 from afd_core.errors import AFDConfigError, AFDInstallError
-from afd_core.plugins import get_plugin_manager, load_plugins, reset_plugins
-from afd_core.registry import AFDRegistry, get_registry, reset_registry
-from afd_core.specs import ConnectorSpec, ModelSpec, WorkerSpec
+from afd_core.plugins import builtin_hooks
+from afd_core.plugins import manager as plugins
+from afd_core.plugins.manager import get_plugin_manager, load_plugins, reset_plugins
+from afd_core.plugins.registry import AFDRegistry, get_registry, reset_registry
+from afd_core.plugins.specs import ConnectorSpec, ModelSpec, WorkerSpec
 
 
 class Provides:

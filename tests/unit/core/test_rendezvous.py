@@ -11,8 +11,6 @@ import pytest
 from afd_core.config import AFDConfig
 from afd_core.connector import WireSpec
 from afd_core.errors import AFDConfigError, AFDProtocolError
-from afd_core.launch import free_ports
-from afd_core.metadata import TransferHeader
 from afd_core.runtime.rendezvous import (
     PROTOCOL,
     Hello,
@@ -21,6 +19,8 @@ from afd_core.runtime.rendezvous import (
     is_self_connection,
     open_session,
 )
+from afd_core.tools.launch import free_ports
+from afd_core.wire.metadata import TransferHeader
 
 WIRE = WireSpec(hidden_size=128, dtype="bfloat16", num_exchange_layers=4)
 

@@ -13,7 +13,7 @@ import pytest
 
 from afd_core.errors import AFDPeerError, AFDProtocolError
 from afd_core.failures import Fuse, PeerFailures
-from afd_core.peer_links import AttentionLink
+from afd_core.kit.peer_links import AttentionLink
 from afd_core.runtime import links as links_module
 from afd_core.runtime import seats
 from afd_core.runtime.links import BlockLinks

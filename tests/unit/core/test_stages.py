@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from afd_core.stages import (
+from afd_core.config.stages import (
     DEFAULT_DECODE_TOKEN_THRESHOLD,
     DEFAULT_PREFILL_TOKEN_THRESHOLD,
     StagePolicy,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from afd_core.errors import AFDProtocolError
-from afd_core.step_exchanges import StepExchanges
+from afd_core.kit.step_exchanges import StepExchanges
 
 
 def test_each_stage_takes_the_layers_in_order_and_the_rows_follow_stage_then_layer():

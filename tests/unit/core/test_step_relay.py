@@ -21,12 +21,12 @@ torch = pytest.importorskip("torch")
 from afd_core.config import AFDConfig  # noqa: E402
 from afd_core.errors import AFDPeerError  # noqa: E402
 from afd_core.failures import Fuse, PeerFailures  # noqa: E402
-from afd_core.metadata import AFDDPMetadata, ControlPayload  # noqa: E402
-from afd_core.peer_links import AttentionLink  # noqa: E402
+from afd_core.kit.peer_links import AttentionLink  # noqa: E402
 from afd_core.runtime.control.relay import FollowingRelay  # noqa: E402
 from afd_core.runtime.links import BlockLinks  # noqa: E402
 from afd_core.runtime.world import World  # noqa: E402
 from afd_core.wire import encode_step_message  # noqa: E402
+from afd_core.wire.metadata import AFDDPMetadata, ControlPayload  # noqa: E402
 from tests.unit.core.loopback import Fabric, LoopbackTransport  # noqa: E402
 
 TIMEOUT_S = 1.0

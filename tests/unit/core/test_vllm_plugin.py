@@ -21,9 +21,9 @@ from afd_core.config import AFDConfig
 from afd_core.connector import Connector
 from afd_core.errors import AFDConfigError, AFDInstallError
 from afd_core.platform import current_platform_name, platform_name
-from afd_core.plugins import get_plugin_manager, reset_plugins
-from afd_core.registry import AFDRegistry, reset_registry
-from afd_core.specs import ConnectorSpec, ModelSpec, WorkerSpec
+from afd_core.plugins.manager import get_plugin_manager, reset_plugins
+from afd_core.plugins.registry import AFDRegistry, reset_registry
+from afd_core.plugins.specs import ConnectorSpec, ModelSpec, WorkerSpec
 from afd_core.vllm_plugin import (
     HOOK_SENTINEL,
     apply_afd_config,

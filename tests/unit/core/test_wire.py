@@ -8,7 +8,6 @@ import pytest
 
 from afd_core.connector import WireSpec
 from afd_core.errors import AFDProtocolError
-from afd_core.metadata import AFDDPMetadata, ControlPayload, TransferHeader
 from afd_core.runtime.control.assembler import StepAssembler
 from afd_core.topology import Topology
 from afd_core.wire import (
@@ -22,6 +21,7 @@ from afd_core.wire import (
     raise_header_mismatch,
     step_message_bytes,
 )
+from afd_core.wire.metadata import AFDDPMetadata, ControlPayload, TransferHeader
 
 WIRE = WireSpec(hidden_size=2048, dtype="bfloat16", num_exchange_layers=4)
 GATE = WireSpec(

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 from afd_core.connector import ExpertRouting, WireSpec  # noqa: E402
 from afd_core.errors import AFDPeerError, AFDProtocolError  # noqa: E402
-from afd_core.metadata import AFDDPMetadata, ControlPayload  # noqa: E402
+from afd_core.wire.metadata import AFDDPMetadata, ControlPayload  # noqa: E402
 from tests.unit.core.loopback import DATA_PLANES, close_all, loopback_connectors  # noqa: E402
 
 E, K, H = 8, 2, 4

@@ -20,7 +20,7 @@ def test_the_qwen3_5_wrapper_is_registered_apart_from_the_wrappers_without_torch
 
 
 def test_the_plugin_manager_collects_the_qwen3_5_wrapper() -> None:
-    from afd_core.registry import get_registry
+    from afd_core.plugins.registry import get_registry
 
     assert get_registry().models["Qwen3_5MoeForCausalLM"] == TORCHVISION_MODEL_SPECS[0]
 

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from afd_core.cli import main as afd_main
-from afd_core.cli.measure import measured_profile as profile_from_samples
-from afd_core.cli.measure import serving_overhead
 from afd_core.errors import AFDConfigError
 from afd_core.plan.model_shape import load_model_shape
 from afd_core.plan.profile import load_profile, parse_profile, profile_document
+from afd_core.tools.cli import main as afd_main
+from afd_core.tools.cli.measure import measured_profile as profile_from_samples
+from afd_core.tools.cli.measure import serving_overhead
 from tests.unit.plan.conftest import measured_profile, tiny_config, write_model
 
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from afd_core.cli import main as afd_main
+from afd_core.tools.cli import main as afd_main
 from tests.unit.plan.conftest import MODELS
 
 QWEN = str(MODELS / "qwen3-235b-a22b-fp8")

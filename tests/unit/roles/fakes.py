@@ -4,7 +4,7 @@ No torch, no vLLM: a :class:`FakeTensor` has a shape and a dtype name; the
 :class:`RecordingConnector` implements the :class:`~afd_core.connector.Connector` contract
 in memory (its endpoints record every call in the connector's ``events``; its attention
 endpoint keeps the rule of a step's exchanges with afd-core's
-:class:`~afd_core.step_exchanges.StepExchanges`, as the contract asks of every endpoint).
+:class:`~afd_core.kit.step_exchanges.StepExchanges`, as the contract asks of every endpoint).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from afd_core.connector import (
     WireSpec,
 )
 from afd_core.errors import AFDShutdown
-from afd_core.metadata import ControlPayload
-from afd_core.step_exchanges import StepExchanges
+from afd_core.kit.step_exchanges import StepExchanges
+from afd_core.wire.metadata import ControlPayload
 
 WIRE = WireSpec(hidden_size=8, dtype="bfloat16", num_exchange_layers=3)
 
@@ -199,7 +199,7 @@ class RecordingConnector(Connector):
 
 def ffn_step(step_id: int, *stage_tokens: int, attention_rank: int = 0) -> FFNStep:
     """An FFN step of one attention rank with ``stage_tokens[s]`` tokens in stage ``s``."""
-    from afd_core.metadata import AFDDPMetadata
+    from afd_core.wire.metadata import AFDDPMetadata
 
     payload = ControlPayload(
         step_id=step_id,

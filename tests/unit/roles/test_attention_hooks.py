@@ -11,7 +11,7 @@ import pytest
 
 from afd_attention import hooks
 from afd_core.errors import AFDConfigError
-from afd_core.specs import ConnectorSpec
+from afd_core.plugins.specs import ConnectorSpec
 from tests.unit.roles.fakes import make_config
 
 TWO_STAGES = replace(make_config("attention"), num_stages=2)

@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from afd_core.connector import FFNStep, WireSpec  # noqa: E402
-from afd_core.metadata import AFDDPMetadata, ControlPayload  # noqa: E402
+from afd_core.wire.metadata import AFDDPMetadata, ControlPayload  # noqa: E402
 from afd_ffn.graphs import FFNStepGraphs, _CapturedStep, shape_key  # noqa: E402
 from afd_ffn.stats import FFNStats  # noqa: E402
 

@@ -9,8 +9,8 @@ import pytest
 
 from afd_core.connector import WireSpec
 from afd_core.errors import AFDConfigError, AFDInstallError
-from afd_core.registry import AFDRegistry
-from afd_core.specs import ConnectorSpec, ModelSpec
+from afd_core.plugins.registry import AFDRegistry
+from afd_core.plugins.specs import ConnectorSpec, ModelSpec
 from afd_core.workers import setup as roles
 from tests.unit.roles.fakes import WIRE, RecordingConnector, make_config
 
@@ -164,9 +164,9 @@ def vllm_config(afd: dict | None, *, dp_rank: int = 0, dp: int = 1) -> SimpleNam
 @pytest.fixture
 def installed(registry, monkeypatch):
     """The fake registry also where the AFD config is parsed."""
-    import afd_core.registry
+    import afd_core.plugins.registry
 
-    monkeypatch.setattr(afd_core.registry, "get_registry", lambda: registry)
+    monkeypatch.setattr(afd_core.plugins.registry, "get_registry", lambda: registry)
     return registry
 
 

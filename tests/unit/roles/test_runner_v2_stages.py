@@ -36,7 +36,7 @@ from afd_attention.runner_v2_stages import (
     split_eager_batches,
 )
 from afd_attention.two_stages import TwoStageForward
-from afd_core.stages import StagePolicy
+from afd_core.config.stages import StagePolicy
 
 POLICY = StagePolicy(decode_token_threshold=8, prefill_token_threshold=32)
 

@@ -12,7 +12,7 @@ import pytest
 from afd_attention.stage_scheduler import StageScheduler
 from afd_attention.step_driver import METADATA_KEY, SCHEDULED, WARMUP, StepDriver, StepFlags
 from afd_core.errors import AFDProtocolError
-from afd_core.metadata import AFDDPMetadata, ControlPayload
+from afd_core.wire.metadata import AFDDPMetadata, ControlPayload
 from tests.unit.roles.fakes import (
     WIRE,
     FakeStream,

@@ -13,8 +13,8 @@ pytest.importorskip("vllm")
 from vllm.forward_context import get_forward_context, is_forward_context_available  # noqa: E402
 
 from afd_attention.two_stages import TwoStageForward  # noqa: E402
+from afd_core.config.stages import StagePolicy, StageSlice  # noqa: E402
 from afd_core.errors import AFDProtocolError  # noqa: E402
-from afd_core.stages import StagePolicy, StageSlice  # noqa: E402
 
 POLICY = StagePolicy(decode_token_threshold=4, prefill_token_threshold=8)
 

@@ -24,8 +24,8 @@ torch = pytest.importorskip("torch")
 from afd_attention.stage_scheduler import StageScheduler  # noqa: E402
 from afd_core.connector import ExpertRouting, WireSpec  # noqa: E402
 from afd_core.errors import AFDError, AFDPeerError, AFDProtocolError  # noqa: E402
-from afd_core.metadata import AFDDPMetadata, ControlPayload  # noqa: E402
 from afd_core.runtime.messages import frames  # noqa: E402
+from afd_core.wire.metadata import AFDDPMetadata, ControlPayload  # noqa: E402
 from tests.unit.core.loopback import close_all, loopback_connectors  # noqa: E402
 
 HIDDEN = 8

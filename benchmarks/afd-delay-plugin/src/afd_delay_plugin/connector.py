@@ -26,13 +26,13 @@ from afd_core.assembly import (
     TransportSite,
     gloo_data_plane,
 )
-from afd_core.coercion import reject_unknown_fields
+from afd_core.config.coercion import reject_unknown_fields
 from afd_core.connector import Connector
 from afd_core.errors import AFDConfigError
 from afd_delay_plugin.delaying import DelayingTransport, DelaySetting
 
 if TYPE_CHECKING:
-    from afd_core.transport import Transport
+    from afd_core.dataplane.transport import Transport
 
 
 @dataclass(frozen=True)

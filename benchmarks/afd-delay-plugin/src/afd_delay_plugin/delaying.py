@@ -38,7 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from afd_core.transport import Lane, Transfer, TransferFailed, Transport
+from afd_core.dataplane.transport import Lane, Transfer, TransferFailed, Transport
 
 if TYPE_CHECKING:
     import torch

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from afd_core import hookimpl
-from afd_core.specs import ConnectorSpec
+from afd_core.plugins.specs import ConnectorSpec
 
 
 @hookimpl

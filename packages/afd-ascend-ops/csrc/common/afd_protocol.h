@@ -28,7 +28,7 @@ constexpr uint32_t kOpA2e = 1;
 constexpr uint32_t kOpE2a = 2;
 constexpr uint32_t kOpDispatch = 3;
 constexpr uint32_t kOpCombine = 4;
-// afd_core.metadata.WIRE_DTYPES.
+// afd_core.wire.metadata.WIRE_DTYPES.
 constexpr uint32_t kDtypeBfloat16 = 1;
 constexpr uint32_t kDtypeFloat16 = 2;
 constexpr uint32_t kDtypeFloat32 = 3;

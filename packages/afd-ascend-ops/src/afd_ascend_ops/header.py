@@ -14,7 +14,7 @@ compares it with what it expects and raises :class:`~afd_core.errors.AFDProtocol
 naming both views.
 
 Layout (little endian): magic ``b"AFDA"``, version u16, op u8, dtype u8 (a code of
-:data:`afd_core.metadata.WIRE_DTYPES`), seq u64, source u32, destination u32, rows u32,
+:data:`afd_core.wire.metadata.WIRE_DTYPES`), seq u64, source u32, destination u32, rows u32,
 hidden size u32, topk u16, flags u16 (bit 0: expert ids and scales follow the rows),
 layer u32; zero padding to 64 bytes. Pure Python: no torch.
 """
@@ -26,7 +26,7 @@ from dataclasses import dataclass, fields
 from typing import ClassVar, Literal
 
 from afd_core.errors import AFDProtocolError
-from afd_core.metadata import WIRE_DTYPES
+from afd_core.wire.metadata import WIRE_DTYPES
 
 Op = Literal["a2e", "e2a", "dispatch", "combine"]
 OPS: dict[str, int] = {"a2e": 1, "e2a": 2, "dispatch": 3, "combine": 4}

@@ -1,6 +1,6 @@
 """``HcclOpProvider``: the op provider of the compiled Ascend kernels. **Hardware-unverified.**
 
-It implements :class:`afd_core.op_provider.OpProvider` as
+It implements :class:`afd_core.dataplane.op_provider.OpProvider` as
 :class:`~afd_ascend_ops.reference.ReferenceOpProvider` does, with HCCL in place of gloo:
 :meth:`~HcclOpProvider.open` first makes sure the compiled ``PrivateUse1`` kernels of its
 op family are loaded (:func:`afd_ascend_ops.compiled.load_npu_kernels`, which names what
@@ -47,13 +47,13 @@ from torch_npu._C._distributed_c10d import ProcessGroupHCCL
 from afd_ascend_ops import _C
 from afd_ascend_ops.compiled import load_npu_kernels
 from afd_ascend_ops.reference.provider import OpFamily, stage_prefix
+from afd_core.dataplane.op_provider import OpProvider
 from afd_core.errors import AFDConfigError, AFDPeerError, AFDShutdown
-from afd_core.op_provider import OpProvider
 
 if TYPE_CHECKING:
     from torch.distributed import Store
 
-    from afd_core.op_provider import GroupSite
+    from afd_core.dataplane.op_provider import GroupSite
 
 #: HCCL's window size in MiB when ``HCCL_BUFFSIZE`` is unset, as the tiling assumes
 #: (``csrc/common/op_host/afd_tiling_host.h``).

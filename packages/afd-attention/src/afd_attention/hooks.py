@@ -6,10 +6,10 @@ from typing import Any
 
 from afd_core.capabilities import AttentionDeployment, check_connector
 from afd_core.config import AFDConfig, connector_class
-from afd_core.hookspecs import hookimpl
 from afd_core.platform import current_platform_name
-from afd_core.registry import get_registry
-from afd_core.specs import WorkerSpec
+from afd_core.plugins.hookspecs import hookimpl
+from afd_core.plugins.registry import get_registry
+from afd_core.plugins.specs import WorkerSpec
 from afd_core.workers.setup import check_parallel_layout
 
 

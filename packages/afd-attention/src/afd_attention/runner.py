@@ -51,8 +51,8 @@ from afd_attention.step_driver import (
     StepFlags,
 )
 from afd_attention.two_stages import TwoStageForward
+from afd_core.config.stages import StageSlice
 from afd_core.errors import AFDError
-from afd_core.stages import StageSlice
 
 #: Forwards of a CUDA graph capture.
 CAPTURE = StepFlags(is_graph_capturing=True)

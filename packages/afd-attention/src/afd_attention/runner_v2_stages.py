@@ -14,7 +14,7 @@ through instance attributes vLLM reads:
   its own builder, as vLLM's micro-batches' are), sharing the backend's workspace;
 * ``runner.ubatch_runner`` becomes a :class:`StageBatchRunner`. Its ``prepare`` cuts the
   batch where the V1 runners' stages are cut, at the request boundary
-  :func:`afd_core.stages.plan_request_split` picks (vLLM's own cuts at the token
+  :func:`afd_core.config.stages.plan_request_split` picks (vLLM's own cuts at the token
   midpoint, through a request if need be), and builds each stage as vLLM's ``prepare``
   builds a micro-batch. Its ``run`` announces the step's two stages to the FFN role
   (:meth:`StepDriver.begin_stages`), installs each stage's AFD step metadata in its

@@ -2,9 +2,9 @@
 
 The model's exchange op (``torch.ops.afd.exchange``) calls :meth:`StepDriver.exchange` at
 every exchanging decoder layer of every forward. A *step* is one forward: the driver
-numbers steps, installs :class:`~afd_core.metadata.AFDStepMetadata` at
+numbers steps, installs :class:`~afd_core.wire.metadata.AFDStepMetadata` at
 ``forward_context.additional_kwargs["afd_metadata"]``, begins the step on the connector's
-attention endpoint with its :class:`~afd_core.metadata.ControlPayload`, then per layer
+attention endpoint with its :class:`~afd_core.wire.metadata.ControlPayload`, then per layer
 sends the hidden states (and router logits or routing) and receives the FFN output. The
 endpoint owns the wire format: the driver never builds a header.
 
@@ -14,7 +14,7 @@ forward whose context carries no ``afd_metadata`` (profile, warm-up and dummy ru
 call the model directly); :meth:`StepDriver.dummy_flags` tells the lazy path why the
 forward runs. Every step must exchange every layer of the wire spec exactly once, in
 order; the connector's attention endpoint owns that rule (the endpoint contract,
-:class:`~afd_core.step_exchanges.StepExchanges`) and raises
+:class:`~afd_core.kit.step_exchanges.StepExchanges`) and raises
 :class:`~afd_core.errors.AFDProtocolError` for anything else, so the driver counts no
 layers itself: it checks only what the endpoint cannot see (the forward's step metadata
 and token count).
@@ -46,8 +46,8 @@ from typing import Any, Protocol, TypeVar
 
 from afd_core.connector import Connector, ExpertRouting, WireSpec
 from afd_core.errors import AFDProtocolError
-from afd_core.metadata import AFDDPMetadata, AFDStepMetadata, ControlPayload
 from afd_core.metrics import Histogram
+from afd_core.wire.metadata import AFDDPMetadata, AFDStepMetadata, ControlPayload
 from afd_core.workers.profiling import ATTENTION_BEGIN, ATTENTION_SEND, ATTENTION_WAIT, afd_range
 
 #: Key of the step metadata in ``ForwardContext.additional_kwargs``.

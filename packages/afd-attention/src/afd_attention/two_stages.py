@@ -1,8 +1,8 @@
 """A step's forward as two stages on the attention role: :class:`TwoStageForward`.
 
 With ``"num_stages": 2`` the attention runner asks :meth:`TwoStageForward.plan` where a
-scheduled batch splits (:func:`afd_core.stages.plan_request_split` under the config's
-:class:`~afd_core.stages.StagePolicy`). A batch that splits runs the model once per stage,
+scheduled batch splits (:func:`afd_core.config.stages.plan_request_split` under the config's
+:class:`~afd_core.config.stages.StagePolicy`). A batch that splits runs the model once per stage,
 each on its part of the batch, through :meth:`TwoStageForward.run`: the stages take turns
 on the two threads of a :class:`~afd_attention.stage_scheduler.StageScheduler`, and the
 thread that holds the turn runs in its stage's vLLM forward context (its attention
@@ -37,7 +37,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from afd_attention.stage_scheduler import NUM_STAGES, StageScheduler
-from afd_core.stages import StagePolicy, StageSlice, StageStreams, plan_request_split
+from afd_core.config.stages import StagePolicy, StageSlice, StageStreams, plan_request_split
 
 
 class TwoStageForward:

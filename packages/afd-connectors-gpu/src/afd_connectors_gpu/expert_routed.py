@@ -41,11 +41,11 @@ from afd_core.assembly import (
     TransportSite,
     gloo_data_plane,
 )
-from afd_core.coercion import reject_unknown_fields
+from afd_core.config.coercion import reject_unknown_fields
+from afd_core.config.partials import PartialsDtype, parse_partials_dtype
 from afd_core.connector import Connector
+from afd_core.dataplane.transport import Transport
 from afd_core.errors import AFDConfigError
-from afd_core.partials import PartialsDtype, parse_partials_dtype
-from afd_core.transport import Transport
 
 if TYPE_CHECKING:
     from afd_core.config import AFDConfig
@@ -60,7 +60,7 @@ class M2NExtraConfig:
     """``connector_extra_config`` of :class:`ExpertRoutedAFDConnector`.
 
     ``transport``: ``"auto"`` (NCCL with CUDA, else gloo), ``"gloo"`` or ``"nccl"``;
-    ``partials_dtype``: ``"model"`` or ``"float32"`` (:mod:`afd_core.partials`).
+    ``partials_dtype``: ``"model"`` or ``"float32"`` (:mod:`afd_core.config.partials`).
     """
 
     transport: TransportChoice = "auto"

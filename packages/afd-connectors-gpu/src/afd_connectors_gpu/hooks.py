@@ -6,8 +6,8 @@ strings until the registry loads one.
 
 from __future__ import annotations
 
-from afd_core.hookspecs import hookimpl
-from afd_core.specs import ConnectorSpec
+from afd_core.plugins.hookspecs import hookimpl
+from afd_core.plugins.specs import ConnectorSpec
 
 
 @hookimpl

@@ -42,9 +42,9 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, ClassVar
 
+from afd_core.dataplane.op_provider import GroupOpener
+from afd_core.dataplane.transport import Transfer, TransferFailed, Transport
 from afd_core.errors import AFDConfigError, AFDPeerError
-from afd_core.op_provider import GroupOpener
-from afd_core.transport import Transfer, TransferFailed, Transport
 
 if TYPE_CHECKING:
     import torch

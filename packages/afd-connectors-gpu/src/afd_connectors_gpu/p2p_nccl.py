@@ -34,9 +34,9 @@ from afd_core.assembly import (
     TransportSite,
 )
 from afd_core.capabilities import Capabilities
-from afd_core.coercion import reject_unknown_fields, to_bool
+from afd_core.config.coercion import reject_unknown_fields, to_bool
 from afd_core.connector import Connector
-from afd_core.transport import Transport
+from afd_core.dataplane.transport import Transport
 
 
 @dataclass(frozen=True)

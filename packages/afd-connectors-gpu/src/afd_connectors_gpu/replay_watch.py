@@ -12,7 +12,8 @@ The thread makes no CUDA call while nothing is pending or while it is paused
 which forbids event queries from any thread). Events only need ``query()``.
 
 :class:`CudaReplayGuard` is what the connectors hold (afd-core's
-:class:`~afd_core.replay_guard.ReplayGuard`): it records the events and drives a ReplayWatch.
+:class:`~afd_core.dataplane.replay_guard.ReplayGuard`): it records the events and drives a
+ReplayWatch.
 Importing this module imports no torch.
 """
 

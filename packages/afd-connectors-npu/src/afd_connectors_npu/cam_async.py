@@ -44,14 +44,14 @@ from afd_core.connector import (
 )
 from afd_core.errors import AFDConfigError, AFDProtocolError
 from afd_core.failures import Fuse, guarded, guarded_until_closed, layer_of_step
+from afd_core.kit.step_exchanges import StepExchanges
 from afd_core.placement import ExpertPlacement
-from afd_core.step_exchanges import StepExchanges
 
 if TYPE_CHECKING:
     import torch
 
     from afd_core.assembly import RuntimeSpec
-    from afd_core.metadata import ControlPayload
+    from afd_core.wire.metadata import ControlPayload
 
 
 class CamAsync(Pattern):

@@ -15,10 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from afd_core.coercion import reject_unknown_fields, to_bool, to_int_at_least
+from afd_core.config.coercion import reject_unknown_fields, to_bool, to_int_at_least
+from afd_core.config.partials import KEY as PARTIALS_KEY
+from afd_core.config.partials import PartialsDtype, parse_partials_dtype
 from afd_core.errors import AFDConfigError
-from afd_core.partials import KEY as PARTIALS_KEY
-from afd_core.partials import PartialsDtype, parse_partials_dtype
 from afd_core.topology import Role
 
 
@@ -72,7 +72,7 @@ class CamExtraConfig:
 class CamAsyncExtraConfig:
     """CAM async's ``connector_extra_config``: the CAM keys, ``async_moe_ubatching`` and
     ``partials_dtype`` (``"model"`` or ``"float32"``: the dtype of the expert rows the FFN
-    ranks return, :mod:`afd_core.partials`)."""
+    ranks return, :mod:`afd_core.config.partials`)."""
 
     cam: CamExtraConfig = CamExtraConfig()
     async_moe_ubatching: bool = False

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from afd_core.errors import AFDConfigError
-from afd_core.hookspecs import hookimpl
-from afd_core.specs import ConnectorSpec
+from afd_core.plugins.hookspecs import hookimpl
+from afd_core.plugins.specs import ConnectorSpec
 
 if TYPE_CHECKING:
     from afd_core.config import AFDConfig

@@ -15,7 +15,7 @@ from afd_core.platform import current_platform_name
 
 if TYPE_CHECKING:
     from afd_ascend_ops.reference.provider import OpFamily
-    from afd_core.op_provider import OpProvider
+    from afd_core.dataplane.op_provider import OpProvider
 
 
 def runs_on_npu() -> bool:

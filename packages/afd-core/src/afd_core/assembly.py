@@ -7,11 +7,11 @@ connector in one table):
   (attention rank, FFN rank) pair, so that an attention server can be replaced while its
   FFN ranks keep serving the others;
 * **control** (:class:`Control`): the attention ranks announce every step (a
-  :class:`~afd_core.metadata.ControlPayload` per step), or nothing is announced and the
+  :class:`~afd_core.wire.metadata.ControlPayload` per step), or nothing is announced and the
   data carries its own counts;
 * **data plane**: a :class:`TransportPlane` (the endpoints post tensors on a
-  :class:`~afd_core.transport.Transport`) or an :class:`OpPlane` (custom ops move the
-  data on groups an :class:`~afd_core.op_provider.OpProvider` opened, one per stage);
+  :class:`~afd_core.dataplane.transport.Transport`) or an :class:`OpPlane` (custom ops move the
+  data on groups an :class:`~afd_core.dataplane.op_provider.OpProvider` opened, one per stage);
 * **pattern** (:class:`Pattern`): who exchanges with whom (its pairing rules) and the
   role endpoints that do it;
 * **replay guard** (optional): bounds CUDA graph replays (connectors with graph steps).
@@ -44,16 +44,16 @@ if TYPE_CHECKING:
         FFNEndpoint,
         WireSpec,
     )
-    from afd_core.endpoint_context import EndpointContext
+    from afd_core.dataplane.op_provider import GroupOpener, OpProvider
+    from afd_core.dataplane.replay_guard import ReplayGuard
+    from afd_core.dataplane.transport import Transport
     from afd_core.errors import AFDPeerError
     from afd_core.failures import Fuse, PeerFailures
-    from afd_core.metadata import ControlPayload
-    from afd_core.op_provider import GroupOpener, OpProvider
-    from afd_core.peer_links import FFNLinks
+    from afd_core.kit.endpoint_context import EndpointContext
+    from afd_core.kit.peer_links import FFNLinks
     from afd_core.placement import PlacementRule
-    from afd_core.replay_guard import ReplayGuard
     from afd_core.topology import ExchangePattern, Role, Topology
-    from afd_core.transport import Transport
+    from afd_core.wire.metadata import ControlPayload
 
 
 class Layout(Enum):
@@ -140,7 +140,7 @@ class TransportPlane:
 @dataclass(frozen=True)
 class OpPlane:
     """A data plane inside custom ops: ``provider()`` makes this rank's
-    :class:`~afd_core.op_provider.OpProvider`, which opens ``num_stages`` groups (one
+    :class:`~afd_core.dataplane.op_provider.OpProvider`, which opens ``num_stages`` groups (one
     per stage) over the connector's world. Needs :attr:`Layout.WORLD`."""
 
     provider: Callable[[], OpProvider]
@@ -168,7 +168,7 @@ ReplayGuardFactory = Callable[[ReplayGuardSite], "StoppableReplayGuard"]
 
 
 class StoppableReplayGuard(Protocol):
-    """A :class:`~afd_core.replay_guard.ReplayGuard` with a ``stop()`` for shutdown."""
+    """A :class:`~afd_core.dataplane.replay_guard.ReplayGuard` with a ``stop()`` for shutdown."""
 
     def stop(self) -> None:
         """Stop watching (idempotent); pending watches end."""
@@ -209,7 +209,7 @@ class AttentionSide:
     ``announcer``: the control channel (None with :attr:`Control.IN_BAND`); ``peers``:
     the FFN ranks of :meth:`Pattern.ffn_peers`, on a transport plane; ``op_groups``: the
     group names by stage, on an op plane; ``context``: what afd-core's own endpoints
-    share (an ``afd_core.endpoint_context.EndpointContext``; None on an op
+    share (an ``afd_core.kit.endpoint_context.EndpointContext``; None on an op
     plane); ``replays``: the replay guard, if the recipe has one.
     """
 
@@ -235,7 +235,7 @@ class FFNSide:
     ``steps``: the announced steps (the control inbox, or the step relay where the
     pattern relays steps; None with :attr:`Control.IN_BAND`); ``links``: the links to
     the attention ranks of :meth:`Pattern.attention_peers` (control and, on a transport
-    plane, data; :class:`~afd_core.peer_links.FFNLinks`); ``op_groups``, ``context``
+    plane, data; :class:`~afd_core.kit.peer_links.FFNLinks`); ``op_groups``, ``context``
     and ``replays`` as for :class:`AttentionSide`.
     """
 

@@ -1,6 +1,6 @@
 """What a connector can carry, and the one check of a deployment against it.
 
-A connector is described once. Its registration (:class:`~afd_core.specs.ConnectorSpec`)
+A connector is described once. Its registration (:class:`~afd_core.plugins.specs.ConnectorSpec`)
 names it and says where it runs; its class names the pattern its recipe uses
 (:attr:`Connector.pattern_type <afd_core.connector.Connector.pattern_type>`: rank map,
 expert split, gate placement, control) and what its data plane can carry
@@ -22,7 +22,7 @@ from afd_core.errors import AFDConfigError, AFDInstallError
 if TYPE_CHECKING:
     from afd_core.config import AFDConfig
     from afd_core.connector import Connector
-    from afd_core.specs import ConnectorSpec, Platform
+    from afd_core.plugins.specs import ConnectorSpec, Platform
 
 #: vLLM CUDA graph modes the attention role runs: each captured graph is a whole forward,
 #: whose control payload the runner sends before the replay. Piecewise graphs replay the

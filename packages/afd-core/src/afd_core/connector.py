@@ -3,7 +3,7 @@
 A connector is one rank's endpoint of an AFD world, composed of parts chosen once, at
 construction (docs/design.md): a *control channel* (per-step announcements, absent for
 connectors whose data messages carry their own counts), a *data transport*
-(:mod:`afd_core.transport`) and a *role endpoint*: an :class:`AttentionEndpoint` on the
+(:mod:`afd_core.dataplane.transport`) and a *role endpoint*: an :class:`AttentionEndpoint` on the
 attention role, an :class:`FFNEndpoint` on the FFN role. The endpoint owns the wire
 protocol, headers included: callers give layers, stages and tensors, never a header.
 
@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from afd_core.capabilities import Capabilities
 from afd_core.errors import AFDConfigError, AFDPeerError, AFDShutdown
 from afd_core.failures import Fuse
-from afd_core.metadata import WIRE_DTYPES, ControlPayload
+from afd_core.wire.metadata import WIRE_DTYPES, ControlPayload
 
 if TYPE_CHECKING:
     import torch

@@ -7,7 +7,7 @@ with any :class:`~afd_core.errors.AFDError` it raises, so every later call raise
 same error again ("close it and start again"): after a failed wait or a protocol error
 the message stream between two ranks is no longer trustworthy.
 
-:class:`PeerFailures` turns a transport's :class:`~afd_core.transport.TransferFailed`
+:class:`PeerFailures` turns a transport's :class:`~afd_core.dataplane.transport.TransferFailed`
 into the error a user reads: which peer, what this rank was waiting for, and what to do.
 """
 
@@ -18,9 +18,9 @@ import threading
 from collections.abc import Callable
 from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
+from afd_core.dataplane.transport import TransferFailed
 from afd_core.errors import AFDError, AFDPeerError, AFDShutdown
 from afd_core.topology import Role, Topology
-from afd_core.transport import TransferFailed
 from afd_core.wire import describe_rank
 
 #: Seconds a transfer that failed because its peer closed the connection waits for this

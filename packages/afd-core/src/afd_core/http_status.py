@@ -4,7 +4,7 @@ and the ``afd:`` metrics appended to its ``/metrics``.
 vLLM's ``/health`` says the engine is alive. An FFN server is healthy as soon as its
 model is loaded, while its FFN rank still waits for the attention ranks; a probe that
 must know whether the rank serves reads ``/afd/status`` instead. Add it to a server with
-vLLM's own flag (every launch that :mod:`afd_core.launch` makes does)::
+vLLM's own flag (every launch that :mod:`afd_core.tools.launch` makes does)::
 
     --middleware afd_core.http_status.AFDStatusMiddleware
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from afd_core.errors import AFDInstallError
-from afd_core.specs import Platform
+from afd_core.plugins.specs import Platform
 
 
 def platform_name(platform: Any) -> Platform:

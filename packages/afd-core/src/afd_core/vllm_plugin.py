@@ -17,9 +17,9 @@ from typing import Any
 from afd_core.config import AFDConfig, afd_config_from_vllm
 from afd_core.errors import AFDConfigError, AFDInstallError
 from afd_core.platform import current_platform_name
-from afd_core.plugins import AFDPluginManager, get_plugin_manager
-from afd_core.registry import AFDRegistry, get_registry
-from afd_core.specs import Platform, load_target
+from afd_core.plugins.manager import AFDPluginManager, get_plugin_manager
+from afd_core.plugins.registry import AFDRegistry, get_registry
+from afd_core.plugins.specs import Platform, load_target
 from afd_core.workers.frontend import become_frontend, watch_frontend
 
 #: ``vllm.__version__`` values this release works with (the CPU wheel may add ``+cpu``).

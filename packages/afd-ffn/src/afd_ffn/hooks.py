@@ -6,8 +6,8 @@ from typing import Any
 
 from afd_core.config import AFDConfig
 from afd_core.errors import AFDConfigError
-from afd_core.hookspecs import hookimpl
-from afd_core.specs import WorkerSpec
+from afd_core.plugins.hookspecs import hookimpl
+from afd_core.plugins.specs import WorkerSpec
 from afd_core.workers.setup import check_parallel_layout
 
 

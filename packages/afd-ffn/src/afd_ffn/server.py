@@ -57,7 +57,7 @@ from typing import Any
 
 from afd_core.connector import Connector
 from afd_core.errors import AFDConfigError, AFDPeerError, AFDProtocolError, AFDShutdown
-from afd_core.peer_links import loss_record
+from afd_core.kit.peer_links import loss_record
 from afd_core.workers.process_exit import exit_worker_process
 from afd_core.workers.setup import role_worker_setup
 from afd_ffn.compute import LayerCompute

@@ -5,8 +5,8 @@ Importable without torch or vLLM: specs name their classes lazily.
 
 from __future__ import annotations
 
-from afd_core.hookspecs import hookimpl
-from afd_core.specs import ModelSpec
+from afd_core.plugins.hookspecs import hookimpl
+from afd_core.plugins.specs import ModelSpec
 
 MODEL_SPECS: tuple[ModelSpec, ...] = (
     ModelSpec("Qwen3MoeForCausalLM", "afd_models.qwen3_moe:AFDQwen3MoeForCausalLM"),

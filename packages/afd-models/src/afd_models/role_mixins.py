@@ -21,8 +21,8 @@ from vllm.model_executor.layers.fused_moe.runner.moe_runner_interface import (
 from vllm.model_executor.models.utils import AutoWeightsLoader, maybe_prefix
 
 from afd_core.config import AFDConfig
+from afd_core.config.partials import partials_dtype
 from afd_core.connector import ExpertRouting, WireSpec
-from afd_core.partials import partials_dtype
 from afd_core.placement import ExpertPlacement
 from afd_models.layers import FFNStack, check_attention_role
 from afd_models.roles import FFN_NOT_SCHEDULED, afd_config, clear_moe_attributes, ffn_role_rank

@@ -18,7 +18,7 @@ build the stock MoE block on both roles with vLLM's ``FusedMoEFactory`` replaced
   block of experts only (``num_experts`` = the block size, no gate, no shared experts, no
   routed scaling: those live on attention); :func:`compute_local_experts` runs vLLM's
   expert kernels on received rows with the routing the attention rank chose. With
-  ``partials_dtype`` ``"float32"`` (:mod:`afd_core.partials`) it runs the reference
+  ``partials_dtype`` ``"float32"`` (:mod:`afd_core.config.partials`) it runs the reference
   expert path instead (:func:`keep_reference_weights` at load time): float32 accumulation
   up to the output, rounding only where vLLM's CPU expert kernel rounds (the intermediate
   activation, to the model dtype), and a float32 result.

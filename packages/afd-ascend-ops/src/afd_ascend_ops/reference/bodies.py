@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from afd_core.metadata import WIRE_DTYPES
+from afd_core.wire.metadata import WIRE_DTYPES
 
-#: torch dtypes the kernels move, by their :data:`~afd_core.metadata.WIRE_DTYPES` name.
+#: torch dtypes the kernels move, by their :data:`~afd_core.wire.metadata.WIRE_DTYPES` name.
 WIRE_TORCH_DTYPES: dict[torch.dtype, str] = {
     torch.bfloat16: "bfloat16",
     torch.float16: "float16",

@@ -30,13 +30,13 @@ import torch
 
 from afd_ascend_ops.header import MessageHeader, Op
 from afd_ascend_ops.reference.bodies import TORCH_DTYPES, WIRE_TORCH_DTYPES
+from afd_core.dataplane.transport import Transfer, TransferFailed
 from afd_core.errors import AFDProtocolError
 from afd_core.failures import Fuse, PeerFailures
 from afd_core.topology import Topology
-from afd_core.transport import Transfer, TransferFailed
 
 if TYPE_CHECKING:
-    from afd_core.transport import Transport
+    from afd_core.dataplane.transport import Transport
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """``ReferenceOpProvider``: the op provider of the CPU reference kernels.
 
-It implements :class:`afd_core.op_provider.OpProvider`. :meth:`~ReferenceOpProvider.open`
+It implements :class:`afd_core.dataplane.op_provider.OpProvider`. :meth:`~ReferenceOpProvider.open`
 opens one gloo transport of the whole world per stage (``site.opener.open_gloo``, on
 the prefix ``afd_ascend/stage<s>``, the same on every rank), wraps each in a group of the
 provider's op family with the world's rank map and the AFD timeout
@@ -24,13 +24,13 @@ import uuid
 from typing import TYPE_CHECKING, Literal
 
 from afd_ascend_ops import registry
+from afd_core.dataplane.op_provider import OpProvider
 from afd_core.errors import AFDShutdown
-from afd_core.op_provider import OpProvider
 
 if TYPE_CHECKING:
     from afd_ascend_ops.reference.async_group import AsyncGroup
     from afd_ascend_ops.reference.group import ReferenceGroup
-    from afd_core.op_provider import GroupSite
+    from afd_core.dataplane.op_provider import GroupSite
 
 #: The op families: ``"p2p"`` (``a2e``/``e2a``) and ``"async"`` (CAM async).
 OpFamily = Literal["p2p", "async"]

@@ -29,9 +29,10 @@ from afd_core.assembly import (
     TransportPlane,
 )
 from afd_core.connector import ConnectorParts
-from afd_core.endpoint_context import EndpointContext
+from afd_core.dataplane.op_provider import GroupSite
+from afd_core.dataplane.transport import TransferFailed
 from afd_core.errors import AFDConfigError, AFDPeerError
-from afd_core.op_provider import GroupSite
+from afd_core.kit.endpoint_context import EndpointContext
 from afd_core.runtime.control.channel import ControlInbox, ControlSender
 from afd_core.runtime.control.relay import LEADER_RANK, FollowingRelay, LeadingRelay
 from afd_core.runtime.links import BlockLinks, LinkAcceptor, open_ffn_links, shared_links
@@ -46,11 +47,10 @@ from afd_core.runtime.world import (
     peer_departed,
     peer_lost,
 )
-from afd_core.transport import TransferFailed
 
 if TYPE_CHECKING:
     from afd_core.assembly import Recipe, RuntimeSpec, StepSource
-    from afd_core.replay_guard import ReplayGuard
+    from afd_core.dataplane.replay_guard import ReplayGuard
 
 #: Seconds the take-down waits for each thread of a part to end.
 JOIN_TIMEOUT_S = 2.0

@@ -39,7 +39,7 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, ClassVar
 
-from afd_core.transport import Lane, Transfer, TransferFailed, Transport
+from afd_core.dataplane.transport import Lane, Transfer, TransferFailed, Transport
 
 if TYPE_CHECKING:
     import torch
@@ -203,7 +203,7 @@ class GlooTransport(Transport):
 
 
 class GlooLane(Lane):
-    """:class:`~afd_core.transport.Lane` over a :class:`GlooTransport`: one call into gloo
+    """:class:`~afd_core.dataplane.transport.Lane` over a :class:`GlooTransport`: one call into gloo
     per post and per wait, with the peer's two tags and the wait limit (a ``timedelta``)
     worked out once. Each wait without a deadline is bounded by ``timeout_s`` on its own:
     a gloo wait that times out closes every pair of the group, so the waits after it fail

@@ -3,13 +3,13 @@
 Shared by both exchange patterns: P2P (the attention ranks of the FFN rank's block) and
 expert-routed (every attention rank).
 
-An :class:`~afd_core.peer_links.AttentionLink` (the contract's record) is how an FFN
+An :class:`~afd_core.kit.peer_links.AttentionLink` (the contract's record) is how an FFN
 rank reaches one attention rank: the control and data transports it uses, that rank's
 number on them and how to name it in errors.
 Either every link shares the connector's one world (P2P over NCCL, the expert exchange)
 or each has a world of its own (:func:`afd_core.runtime.world.open_link`: P2P over gloo).
 
-:class:`BlockLinks` holds them (it is the runtime's :class:`~afd_core.peer_links.FFNLinks`)
+:class:`BlockLinks` holds them (it is the runtime's :class:`~afd_core.kit.peer_links.FFNLinks`)
 and decides what losing one means:
 
 * *shared* links, or an FFN rank without an idle limit (``ffn_idle_limit_s`` 0): an
@@ -37,15 +37,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from afd_core.errors import AFDError, AFDPeerError
-from afd_core.peer_links import AttentionLink
+from afd_core.kit.peer_links import AttentionLink
 from afd_core.runtime import seats
 from afd_core.runtime.world import ATTENTION_ON_LINK, open_link, peer_departed, peer_lost
 
 if TYPE_CHECKING:
     from afd_core.assembly import RuntimeSpec, TransportFactory
+    from afd_core.dataplane.transport import TransferFailed
     from afd_core.runtime.rendezvous import Session
     from afd_core.runtime.world import World
-    from afd_core.transport import TransferFailed
 
 # A child of vLLM's logger, so vLLM's logging config applies in a server.
 logger = logging.getLogger(f"vllm.{__name__}")

@@ -39,10 +39,10 @@ from afd_core.errors import (
     AFDProtocolError,
     AFDShutdown,
 )
-from afd_core.metadata import ControlPayload, TransferHeader
 from afd_core.runtime import seats
 from afd_core.runtime.store_gate import SECRET_ENV, StoreGate, StoreTunnel, announces_gate
 from afd_core.topology import Role, Topology
+from afd_core.wire.metadata import ControlPayload, TransferHeader
 
 if TYPE_CHECKING:
     from torch.distributed import Store

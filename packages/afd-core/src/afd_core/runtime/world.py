@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from afd_core.assembly import TransportSite
+from afd_core.dataplane.op_provider import GroupOpener
 from afd_core.errors import AFDPeerError, AFDShutdown
 from afd_core.failures import PeerFailures
-from afd_core.op_provider import GroupOpener
 from afd_core.runtime.gloo import GlooTransport
 from afd_core.runtime.liveness import PeerWatch
 from afd_core.runtime.parts import Part
@@ -45,8 +45,8 @@ if TYPE_CHECKING:
     from torch.distributed import Store
 
     from afd_core.assembly import RuntimeSpec, TransportFactory
-    from afd_core.op_provider import OpProvider
-    from afd_core.transport import Transport
+    from afd_core.dataplane.op_provider import OpProvider
+    from afd_core.dataplane.transport import Transport
 
 
 def open_gloo(

@@ -25,7 +25,7 @@ from typing import Any
 from afd_core.config import AFDConfig, afd_config_from_vllm, connector_class
 from afd_core.connector import Connector, WireSpec
 from afd_core.errors import AFDConfigError
-from afd_core.registry import get_registry
+from afd_core.plugins.registry import get_registry
 from afd_core.topology import Role, attention_role_rank, ffn_role_rank
 
 

@@ -1,6 +1,6 @@
 """ByteCountingTransport: a transport decorator that counts the bytes posted on it.
 
-It implements the :class:`afd_core.transport.Transport` contract by delegation: every
+It implements the :class:`afd_core.dataplane.transport.Transport` contract by delegation: every
 call goes to the wrapped transport, and the posts add the tensor's size to a
 :class:`ByteCounts`. The endpoints post on :meth:`Transport.lane` objects, so the lanes
 are wrapped too (around the wrapped transport's own lanes, which keeps their speed).
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from afd_core.transport import Lane, Transfer, Transport
+from afd_core.dataplane.transport import Lane, Transfer, Transport
 
 if TYPE_CHECKING:
     import torch

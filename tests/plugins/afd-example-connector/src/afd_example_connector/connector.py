@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from afd_core.assembly import P2pBlock
-from afd_core.coercion import reject_unknown_fields
+from afd_core.config.coercion import reject_unknown_fields
 from afd_core.connector import (
     AttentionEndpoint,
     Connector,
@@ -37,7 +37,7 @@ from afd_core.connector import (
     WireSpec,
 )
 from afd_core.errors import AFDConfigError, AFDPeerError, AFDProtocolError, AFDShutdown
-from afd_core.metadata import ControlPayload, TransferHeader
+from afd_core.wire.metadata import ControlPayload, TransferHeader
 
 if TYPE_CHECKING:
     import torch

@@ -27,14 +27,14 @@ from afd_core.assembly import (
     TransportSite,
     gloo_data_plane,
 )
-from afd_core.coercion import reject_unknown_fields, to_bool
+from afd_core.config.coercion import reject_unknown_fields, to_bool
 from afd_core.connector import Connector
 from afd_example_connector.byte_counting import ByteCountingTransport, ByteCounts
 
 if TYPE_CHECKING:
     from afd_core.config import AFDConfig
     from afd_core.connector import WireSpec
-    from afd_core.transport import Transport
+    from afd_core.dataplane.transport import Transport
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ imported when a deployment selects them.
 from __future__ import annotations
 
 from afd_core import hookimpl
-from afd_core.specs import ConnectorSpec
+from afd_core.plugins.specs import ConnectorSpec
 
 
 @hookimpl

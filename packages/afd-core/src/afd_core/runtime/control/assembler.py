@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 from afd_core.connector import FFNStep
 from afd_core.errors import AFDProtocolError
-from afd_core.metadata import ControlPayload
+from afd_core.wire.metadata import ControlPayload
 
 
 class StepAssembler:

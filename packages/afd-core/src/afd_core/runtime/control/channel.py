@@ -1,8 +1,8 @@
 """The control channel over a host-memory transport: one fixed-size message per step.
 
 * :class:`ControlSender` (attention side): writes the step's
-  :class:`~afd_core.metadata.ControlPayload` into a control message and sends it to the FFN rank(s)
-  that receive this rank's steps, waiting at most ``afd_process_group_timeout_s``.
+  :class:`~afd_core.wire.metadata.ControlPayload` into a control message and sends it to
+  the FFN rank(s) that receive this rank's steps, waiting at most ``afd_process_group_timeout_s``.
 * :class:`ControlInbox` (FFN side): one daemon thread per attention rank posts a receive
   of one control message, waits for it without a deadline (an idle attention role is normal),
   decodes it, queues the payload and posts the next receive. :meth:`ControlInbox.next_step`
@@ -26,16 +26,16 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from afd_core.dataplane.transport import TransferFailed, Transport
 from afd_core.errors import AFDError, AFDProtocolError
 from afd_core.failures import Fuse, PeerFailures, guarded, guarded_until_closed
 from afd_core.runtime.control.assembler import StepAssembler
-from afd_core.transport import TransferFailed, Transport
 from afd_core.wire import CONTROL_MESSAGE_BYTES, decode_control_message, encode_control_message
 
 if TYPE_CHECKING:
     from afd_core.connector import FFNStep
-    from afd_core.metadata import ControlPayload
-    from afd_core.peer_links import AttentionLink, FFNLinks
+    from afd_core.kit.peer_links import AttentionLink, FFNLinks
+    from afd_core.wire.metadata import ControlPayload
 
 #: What an inbox thread waits for, in error messages.
 NEXT_PAYLOAD = "the next control payload"

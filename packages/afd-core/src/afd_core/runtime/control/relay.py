@@ -20,7 +20,7 @@ for it, bounded by the AFD timeout.
 The leader's wait for payloads and a follower's wait for step messages have no deadline
 (an idle attention role is normal) and end when the connector closes; forwarding a step
 is bounded by the AFD timeout. Links added or lost reach both relays at step
-boundaries only (:meth:`~afd_core.peer_links.FFNLinks.settle`).
+boundaries only (:meth:`~afd_core.kit.peer_links.FFNLinks.settle`).
 """
 
 from __future__ import annotations
@@ -32,17 +32,17 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from afd_core.dataplane.transport import TransferFailed, Transport
 from afd_core.errors import AFDError, AFDPeerError, AFDProtocolError
 from afd_core.failures import Fuse, PeerFailures, guarded_until_closed
 from afd_core.runtime.control.assembler import StepAssembler
 from afd_core.runtime.control.channel import ControlInbox, host_buffer
-from afd_core.transport import TransferFailed, Transport
 from afd_core.wire import decode_step_message, encode_step_message, step_message_bytes
 
 if TYPE_CHECKING:
     from afd_core.connector import FFNStep
-    from afd_core.metadata import ControlPayload
-    from afd_core.peer_links import AttentionLink, FFNLinks
+    from afd_core.kit.peer_links import AttentionLink, FFNLinks
+    from afd_core.wire.metadata import ControlPayload
 
 #: FFN rank 0 leads; it is rank 0 of every group of FFN ranks (FFN ranks come first).
 LEADER_RANK = 0

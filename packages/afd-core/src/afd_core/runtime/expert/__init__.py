@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from afd_core.assembly import AttentionSide, FFNSide, Pattern, RuntimeSpec, TransportPlane
-from afd_core.partials import partials_dtype, wire_dtype
+from afd_core.config.partials import partials_dtype, wire_dtype
 from afd_core.placement import ExpertPlacement
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ class ExpertRouted(Pattern):
 
 def partials_wire_dtype(spec: RuntimeSpec) -> str:
     """The wire dtype of the FFN ranks' partial results: the model's, or float32 with
-    ``partials_dtype`` ``"float32"`` (:mod:`afd_core.partials`)."""
+    ``partials_dtype`` ``"float32"`` (:mod:`afd_core.config.partials`)."""
     return wire_dtype(partials_dtype(spec.config.connector_extra_config), spec.wire.dtype)
 
 

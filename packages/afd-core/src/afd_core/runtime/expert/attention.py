@@ -20,9 +20,9 @@ Every FFN rank answers with one frame, a header and the partial result of its ex
 for those rows (:mod:`afd_core.runtime.messages.frames`: the attention rank knows its
 size, since it routed the rows); :func:`~afd_core.runtime.expert.routing.combine` adds
 the partial results up per token. Routed row counts vary per (attention rank, FFN rank,
-layer) and travel in the headers, which :class:`~afd_core.runtime.messages.headers.HeaderWriter`
+layer) and travel in the headers, which :class:`~afd_core.wire.headers.HeaderWriter`
 writes and checks. The rule "every layer, every stage, once" is the endpoint's
-(:class:`~afd_core.step_exchanges.StepExchanges`).
+(:class:`~afd_core.kit.step_exchanges.StepExchanges`).
 """
 
 from __future__ import annotations
@@ -32,27 +32,26 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from afd_core.connector import AttentionEndpoint, ExpertRouting
-from afd_core.endpoint_context import EndpointContext
+from afd_core.dataplane.transport import Transfer, TransferFailed
 from afd_core.errors import AFDProtocolError
 from afd_core.failures import guarded, layer_of_step
-from afd_core.in_flight import InFlight
-from afd_core.metadata import ControlPayload
+from afd_core.kit.endpoint_context import EndpointContext
+from afd_core.kit.in_flight import InFlight
+from afd_core.kit.step_exchanges import StepExchanges
 from afd_core.placement import ExpertPlacement
 from afd_core.runtime.control.channel import ControlSender
 from afd_core.runtime.expert.messages import body_bytes, pack_body
 from afd_core.runtime.expert.routing import combine, rows_per_rank
-from afd_core.runtime.messages import headers
 from afd_core.runtime.messages.forms import headed
 from afd_core.runtime.messages.frames import FrameLayout, frame_rows
-from afd_core.step_exchanges import StepExchanges
-from afd_core.transport import Transfer, TransferFailed
-from afd_core.wire import HEADER_BYTES
+from afd_core.wire import HEADER_BYTES, headers
+from afd_core.wire.metadata import ControlPayload
 
 if TYPE_CHECKING:
     import torch
 
+    from afd_core.dataplane.transport import Transport
     from afd_core.failures import PeerFailures
-    from afd_core.transport import Transport
 
 
 @dataclass(frozen=True)
@@ -135,7 +134,7 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
         self._ffn_peers = ffn_peers
         self._control = control
         self._dtype = getattr(torch, wire.dtype)
-        #: The wire dtype of the FFN ranks' partial results (afd_core.partials).
+        #: The wire dtype of the FFN ranks' partial results (afd_core.config.partials).
         self._partials = partials or wire.dtype
         self._layers = wire.exchange_layers
         self._exchanges = StepExchanges(self._layers, f"attention rank {self._role_rank}")

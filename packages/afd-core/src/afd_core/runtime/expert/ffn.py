@@ -18,9 +18,9 @@ Receiving a body whose size only its header tells: on a transport that accepts a
 message into a larger receive (gloo) header and body are one frame, received into room
 for every token the sender has in the stage, so no handshake is added; otherwise (NCCL)
 the header is a message of its own, read first, then the exact body is received. Headers
-are written and checked by :class:`~afd_core.runtime.messages.headers.HeaderWriter`; the
+are written and checked by :class:`~afd_core.wire.headers.HeaderWriter`; the
 rule "every layer, every stage, once" is the endpoint's
-(:class:`~afd_core.step_exchanges.StepExchanges`).
+(:class:`~afd_core.kit.step_exchanges.StepExchanges`).
 """
 
 from __future__ import annotations
@@ -30,22 +30,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from afd_core.connector import ExpertRouting, FFNEndpoint, FFNLayerBatch, FFNStep
-from afd_core.endpoint_context import EndpointContext
+from afd_core.dataplane.transport import Transfer, TransferFailed
 from afd_core.errors import AFDProtocolError
 from afd_core.failures import guarded, guarded_until_closed, layer_of_step
-from afd_core.peer_links import loss_record
+from afd_core.kit.endpoint_context import EndpointContext
+from afd_core.kit.peer_links import loss_record
+from afd_core.kit.step_exchanges import StepExchanges
 from afd_core.runtime.expert.messages import body_bytes, unpack_body
 from afd_core.runtime.expert.routing import localize
-from afd_core.runtime.messages import headers
 from afd_core.runtime.messages.frames import FrameLayout, frame_rows
-from afd_core.step_exchanges import StepExchanges
-from afd_core.transport import Transfer, TransferFailed
-from afd_core.wire import HEADER_BYTES
+from afd_core.wire import HEADER_BYTES, headers
 
 if TYPE_CHECKING:
     import torch
 
-    from afd_core.peer_links import AttentionLink, FFNLinks
+    from afd_core.kit.peer_links import AttentionLink, FFNLinks
     from afd_core.runtime.control.relay import RelayedStep, StepSource
 
 
@@ -98,7 +97,7 @@ class ExpertFFNEndpoint(FFNEndpoint):
         self._relay = relay
         self._step: RelayedStep | None = None
         self._dtype = getattr(torch, wire.dtype)
-        #: The wire dtype of this rank's partial results (afd_core.partials).
+        #: The wire dtype of this rank's partial results (afd_core.config.partials).
         self._partials = partials or wire.dtype
         self._partials_dtype = getattr(torch, self._partials)
         self._layers = wire.exchange_layers

@@ -11,8 +11,8 @@ A data message of an eager step has one of two forms, and a graph step's the thi
   attention-to-FFN message where sizes must match exactly;
 * **bare tensors** (graph steps): no header; the step is checked once, on the control plane.
 
-:mod:`~afd_core.runtime.messages.headers` is the one writer and checker of data headers
-(:class:`~afd_core.runtime.messages.headers.HeaderWriter`): endpoints give layer, stage,
+:mod:`~afd_core.wire.headers` is the one writer and checker of data headers
+(:class:`~afd_core.wire.headers.HeaderWriter`): endpoints give layer, stage,
 token count and ranks, never header bytes, and a mismatch names both views.
 :mod:`~afd_core.runtime.messages.forms` chooses, once per transport, in which order a
 rank posts its sends and receives (:func:`~afd_core.runtime.messages.forms.posting_order`).

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from afd_core.transport import Lane, Transfer, Transport
+    from afd_core.dataplane.transport import Lane, Transfer, Transport
 
 
 def headed(header: torch.Tensor, tensors: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor]:

@@ -2,7 +2,7 @@
 
 Layout of a frame (offsets from its start; docs/wire-protocol.md section 3):
 
-* 0: the 64-byte :class:`~afd_core.metadata.TransferHeader`;
+* 0: the 64-byte :class:`~afd_core.wire.metadata.TransferHeader`;
 * 64: the hidden-state rows (``rows x hidden_size`` of the wire dtype);
 * ``logits_at``: the router logits (P2P A2F messages of layers that carry them): ``rows x
   width`` of the logits dtype, where ``logits_at`` is 64 plus the hidden bytes rounded up
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     import torch
 
     from afd_core.connector import WireSpec
-    from afd_core.transport import Transport
+    from afd_core.dataplane.transport import Transport
 
 #: Every part of a frame starts at a multiple of this many bytes.
 FRAME_ALIGN = 64

@@ -18,7 +18,7 @@ result (docs/wire-protocol.md), in one of the message forms of
 
 Every form posts through the transport's :func:`~afd_core.runtime.messages.forms.posting_order`.
 The rule "every layer, every stage, once" is the endpoint's
-(:class:`~afd_core.step_exchanges.StepExchanges`).
+(:class:`~afd_core.kit.step_exchanges.StepExchanges`).
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from afd_core.connector import AttentionEndpoint, ExpertRouting
-from afd_core.endpoint_context import EndpointContext
+from afd_core.dataplane.replay_guard import ReplayGuard
+from afd_core.dataplane.transport import Lane, Transfer, TransferFailed
 from afd_core.errors import AFDError, AFDProtocolError
 from afd_core.failures import guarded, layer_of_step
-from afd_core.in_flight import InFlight
-from afd_core.metadata import ControlPayload
-from afd_core.replay_guard import ReplayGuard
+from afd_core.kit.endpoint_context import EndpointContext
+from afd_core.kit.in_flight import InFlight
+from afd_core.kit.step_exchanges import StepExchanges
 from afd_core.runtime.control.channel import ControlSender
 from afd_core.runtime.messages.forms import PostingOrder, headed, posting_order
 from afd_core.runtime.messages.frames import (
@@ -44,17 +45,16 @@ from afd_core.runtime.messages.frames import (
     memmove,
     uses_frames,
 )
-from afd_core.runtime.messages.headers import HeaderWriter, IncomingHeaders, OutgoingHeaders
-from afd_core.step_exchanges import StepExchanges
-from afd_core.transport import Lane, Transfer, TransferFailed
 from afd_core.wire import HEADER_BYTES
+from afd_core.wire.headers import HeaderWriter, IncomingHeaders, OutgoingHeaders
+from afd_core.wire.metadata import ControlPayload
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     import torch
 
-    from afd_core.transport import Transport
+    from afd_core.dataplane.transport import Transport
 
 
 @dataclass(slots=True)

@@ -18,10 +18,10 @@ sends each rank its rows of the output:
   move the bare tensors.
 
 Per step the endpoint lays out a :class:`_StepPlan` once: each rank's rows, its headers
-(written for the whole step, see :mod:`afd_core.runtime.messages.headers`), its frames and
+(written for the whole step, see :mod:`afd_core.wire.headers`), its frames and
 the stage's input tensors; buffers are reused from step to step while the shapes fit.
 The rule "every layer, every stage, once" is the endpoint's
-(:class:`~afd_core.step_exchanges.StepExchanges`).
+(:class:`~afd_core.kit.step_exchanges.StepExchanges`).
 """
 
 from __future__ import annotations
@@ -31,11 +31,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from afd_core.connector import FFNEndpoint, FFNLayerBatch, FFNStep
-from afd_core.endpoint_context import EndpointContext
+from afd_core.dataplane.replay_guard import ReplayGuard
+from afd_core.dataplane.transport import Lane, Transfer, TransferFailed
 from afd_core.errors import AFDError, AFDProtocolError
 from afd_core.failures import guarded, guarded_until_closed, layer_of_step
-from afd_core.peer_links import loss_record
-from afd_core.replay_guard import ReplayGuard
+from afd_core.kit.endpoint_context import EndpointContext
+from afd_core.kit.peer_links import loss_record
+from afd_core.kit.step_exchanges import StepExchanges
 from afd_core.runtime.control.channel import ControlInbox
 from afd_core.runtime.messages.forms import headed
 from afd_core.runtime.messages.frames import (
@@ -45,17 +47,15 @@ from afd_core.runtime.messages.frames import (
     memmove,
     uses_frames,
 )
-from afd_core.runtime.messages.headers import HeaderWriter, IncomingHeaders, OutgoingHeaders
-from afd_core.step_exchanges import StepExchanges
-from afd_core.transport import Lane, Transfer, TransferFailed
 from afd_core.wire import HEADER_BYTES
+from afd_core.wire.headers import HeaderWriter, IncomingHeaders, OutgoingHeaders
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     import torch
 
-    from afd_core.peer_links import AttentionLink, FFNLinks
+    from afd_core.kit.peer_links import AttentionLink, FFNLinks
 
 
 @dataclass(slots=True)

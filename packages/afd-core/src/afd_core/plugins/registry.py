@@ -1,6 +1,6 @@
 """The registry: what the installed AFD plugins provide, by name.
 
-Built from the hooks of :mod:`afd_core.hookspecs` by calling each plugin's
+Built from the hooks of :mod:`afd_core.plugins.hookspecs` by calling each plugin's
 implementation separately, so a clash names both plugins. Building it imports the hook
 modules only: connector, worker and model classes stay ``"module:Class"`` strings until
 someone calls ``spec.load()`` (the pattern of vLLM's KV connector factory).
@@ -15,8 +15,8 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from afd_core.errors import AFDConfigError, AFDInstallError
-from afd_core.plugins import AFDPluginManager, get_plugin_manager, load_plugins
-from afd_core.specs import PLATFORMS, ConnectorSpec, ModelSpec, Platform, WorkerSpec
+from afd_core.plugins.manager import AFDPluginManager, get_plugin_manager, load_plugins
+from afd_core.plugins.specs import PLATFORMS, ConnectorSpec, ModelSpec, Platform, WorkerSpec
 from afd_core.topology import ROLES, Role
 
 #: The distribution that ships the workers of each role.
@@ -104,7 +104,7 @@ def _collect(
         if not isinstance(specs, list | tuple) or not all(isinstance(s, spec_type) for s in specs):
             raise AFDInstallError(
                 f"AFD: {hook_name}() of {origin} returned {specs!r}; it must return a list "
-                f"of afd_core.specs.{spec_type.__name__}"
+                f"of afd_core.plugins.specs.{spec_type.__name__}"
             )
         for spec in specs:
             _check_spec(spec, origin)

@@ -2,11 +2,11 @@
 
 * **Control messages** (attention -> FFN, once per step): one fixed-size message of
   :data:`CONTROL_MESSAGE_BYTES`: an int64 length, the
-  :class:`~afd_core.metadata.ControlPayload` bytes, zero padding.
+  :class:`~afd_core.wire.metadata.ControlPayload` bytes, zero padding.
 * **Step messages** (expert-routed: FFN rank 0 -> the other FFN ranks, once per step): the
   step's control messages, each with the seat generation of its sender, in a fixed size.
 * **Data headers**: every eager data message is a 64-byte
-  :class:`~afd_core.metadata.TransferHeader` message followed by its body messages (bare
+  :class:`~afd_core.wire.metadata.TransferHeader` message followed by its body messages (bare
   tensors), or a *frame*: one message holding the header and then the tensors.
   :class:`HeaderCodec` writes headers straight into a header buffer and builds the bytes
   a receiver expects; :func:`raise_header_mismatch` explains a difference.
@@ -27,7 +27,7 @@ import struct
 from typing import TYPE_CHECKING
 
 from afd_core.errors import AFDProtocolError
-from afd_core.metadata import DIRECTIONS, WIRE_DTYPES, ControlPayload, TransferHeader
+from afd_core.wire.metadata import DIRECTIONS, WIRE_DTYPES, ControlPayload, TransferHeader
 
 if TYPE_CHECKING:
     from afd_core.connector import WireSpec

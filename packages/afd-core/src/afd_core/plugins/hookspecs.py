@@ -6,7 +6,7 @@ names match the specs below. Its distribution announces it with an entry point::
     [project.entry-points.afd]
     my_plugin = "my_package.hooks"
 
-afd-core's own connectors go through the very same hooks (``afd_core.builtin_hooks``).
+afd-core's own connectors go through the very same hooks (``afd_core.plugins.builtin_hooks``).
 Every spec docstring is the whole contract of that hook.
 """
 
@@ -18,7 +18,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from afd_core.config import AFDConfig
-    from afd_core.specs import ConnectorSpec, ModelSpec, WorkerSpec
+    from afd_core.plugins.specs import ConnectorSpec, ModelSpec, WorkerSpec
 
 #: Marks a function as a hook specification of the ``afd`` project.
 hookspec = pluggy.HookspecMarker("afd")
@@ -32,7 +32,7 @@ def afd_connectors() -> list[ConnectorSpec]:
 
     Called once per process when the registry is first built (``get_registry()``), in
     every process that loads AFD plugins. Must be cheap and must not import the connector
-    classes: each :class:`~afd_core.specs.ConnectorSpec` names its class lazily as
+    classes: each :class:`~afd_core.plugins.specs.ConnectorSpec` names its class lazily as
     ``"module:Class"``. A connector name already returned by another plugin makes the
     registry raise :class:`~afd_core.errors.AFDInstallError` naming both plugins.
     Return an empty list (or omit the hook) to contribute nothing.
@@ -55,7 +55,7 @@ def afd_workers() -> list[WorkerSpec]:
 def afd_models() -> list[ModelSpec]:
     """Return the role-aware model wrappers this plugin provides.
 
-    Called once per process; every :class:`~afd_core.specs.ModelSpec` is registered with
+    Called once per process; every :class:`~afd_core.plugins.specs.ModelSpec` is registered with
     vLLM's ``ModelRegistry`` under its Hugging Face architecture name, replacing the stock
     class in every vLLM process. A wrapper must therefore behave exactly like the stock
     class when ``additional_config`` has no ``"afd"`` key. Two plugins claiming the same

@@ -21,11 +21,11 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from afd_core.cli._inputs import EXIT_INVALID, model_dir_problem
-from afd_core.coercion import show
 from afd_core.config import AFDConfig, connector_class, parse_afd_config
+from afd_core.config.coercion import show
 from afd_core.errors import AFDError
 from afd_core.placement import ExpertPlacement
+from afd_core.tools.cli._inputs import EXIT_INVALID, model_dir_problem
 
 #: ``config.json`` keys that hold the number of routed experts (Qwen3-MoE, DeepSeek).
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
@@ -139,7 +139,7 @@ def describe(config: AFDConfig, placement: ExpertPlacement | None = None) -> str
 
 def _describe_connector(name: str) -> str:
     """What the connector is, where it runs, and its pattern's gate rule and capabilities."""
-    from afd_core.registry import get_registry
+    from afd_core.plugins.registry import get_registry
 
     spec = get_registry().connectors[name]  # parse_afd_config found it there
     cls = connector_class(spec)

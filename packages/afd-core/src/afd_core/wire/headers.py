@@ -1,7 +1,7 @@
 """Data headers: the one writer (:class:`HeaderWriter`) and the one check (:func:`check_header`).
 
 Every eager data message carries, or is preceded by, a 64-byte
-:class:`~afd_core.metadata.TransferHeader`. Endpoints never build one: they give the
+:class:`~afd_core.wire.metadata.TransferHeader`. Endpoints never build one: they give the
 writer the direction, step, layer, stage, token count and sender rank, and it packs the
 bytes (:class:`~afd_core.wire.HeaderCodec`) where the message needs them. A receiver
 compares the 64 bytes it got with the 64 bytes it expects; on a difference
@@ -30,14 +30,14 @@ import ctypes
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from afd_core.metadata import TransferHeader
 from afd_core.wire import HEADER_BYTES, HeaderCodec, raise_header_mismatch
+from afd_core.wire.metadata import TransferHeader
 
 if TYPE_CHECKING:
     import torch
 
     from afd_core.connector import WireSpec
-    from afd_core.transport import Transport
+    from afd_core.dataplane.transport import Transport
 
 
 def writable_bytes(address: int, nbytes: int) -> memoryview:
@@ -56,7 +56,7 @@ def check_header(raw: bytes, expected: bytes, sender: str) -> None:
 @dataclass(frozen=True, slots=True)
 class MessageHeader:
     """What the header of one message says besides the wire spec's dtype and hidden size
-    (the fields of :class:`~afd_core.metadata.TransferHeader`)."""
+    (the fields of :class:`~afd_core.wire.metadata.TransferHeader`)."""
 
     direction: str
     step_id: int

@@ -24,7 +24,7 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-from afd_core.cli._inputs import EXIT_FAILED, EXIT_INVALID, url_problem
+from afd_core.tools.cli._inputs import EXIT_FAILED, EXIT_INVALID, url_problem
 
 #: Seconds one start or stop request may take (stopping writes the trace first).
 REQUEST_TIMEOUT_S = 300.0

@@ -5,13 +5,13 @@ that leaves no process behind. ``afd launch`` and the demo are built on this pac
 
 from __future__ import annotations
 
-from afd_core.launch.deployment import (
+from afd_core.tools.launch.deployment import (
     DEFAULT_CONNECTOR,
     DeploymentSpec,
     LocalDeployment,
     free_ports,
 )
-from afd_core.launch.server import ServerError, ServerSpec, VllmServer
+from afd_core.tools.launch.server import ServerError, ServerSpec, VllmServer
 
 __all__ = [
     "DEFAULT_CONNECTOR",

@@ -1,4 +1,4 @@
-"""``python -m afd_core.demo``: AFD serving a tiny MoE model on this CPU, end to end.
+"""``python -m afd_core.tools.demo``: AFD serving a tiny MoE model on this CPU, end to end.
 
 1. builds the tiny Qwen3-MoE checkpoint in a temporary directory
    (``python -m afd_models.tiny``);
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from afd_core.errors import AFDError, AFDInstallError
-from afd_core.launch import DeploymentSpec, LocalDeployment
+from afd_core.tools.launch import DeploymentSpec, LocalDeployment
 
 MODEL = "tiny-qwen3-moe"
 PROMPTS = (
@@ -49,7 +49,7 @@ _NEEDED = {
 
 def main(argv: list[str] | None = None) -> int:
     """Run the demo; return 0 when everything worked, 1 otherwise."""
-    parser = argparse.ArgumentParser(prog="python -m afd_core.demo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m afd_core.tools.demo", description=__doc__)
     parser.add_argument("--work-dir", type=Path, help="keep the model and logs here")
     args = parser.parse_args(argv)
     try:

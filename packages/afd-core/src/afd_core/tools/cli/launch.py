@@ -1,7 +1,7 @@
 """``afd launch MODEL_DIR``: run an AFD deployment on this machine until Ctrl-C.
 
 Starts ``--num-ffn-ranks`` FFN servers and ``--num-attention-ranks`` attention servers of
-the model (one vLLM API server each, see :mod:`afd_core.launch`), waits until all are
+the model (one vLLM API server each, see :mod:`afd_core.tools.launch`), waits until all are
 healthy, prints the endpoint and blocks. Ctrl-C or SIGTERM stops every process and
 exits 0; exits 1 when start-up fails or a server dies, 2 for an invalid setting.
 """
@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from afd_core.cli._inputs import EXIT_FAILED, EXIT_INVALID, model_dir_problem, port_problem
 from afd_core.errors import AFDConfigError, AFDError, AFDInstallError
-from afd_core.launch import DEFAULT_CONNECTOR, DeploymentSpec, LocalDeployment
-from afd_core.launch.deployment import DEFAULT_START_TIMEOUT_S
+from afd_core.tools.cli._inputs import EXIT_FAILED, EXIT_INVALID, model_dir_problem, port_problem
+from afd_core.tools.launch import DEFAULT_CONNECTOR, DeploymentSpec, LocalDeployment
+from afd_core.tools.launch.deployment import DEFAULT_START_TIMEOUT_S
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -24,14 +24,14 @@ from types import MappingProxyType
 from typing import Any
 
 from afd_core.config import parse_afd_config
-from afd_core.launch.server import (
+from afd_core.runtime.store_gate import SECRET_ENV
+from afd_core.tools.launch.server import (
     DEFAULT_MAX_NUM_SEQS,
     DEFAULT_STOP_GRACE_S,
     ServerError,
     ServerSpec,
     VllmServer,
 )
-from afd_core.runtime.store_gate import SECRET_ENV
 from afd_core.topology import Role
 
 DEFAULT_CONNECTOR = "P2pGlooAFDConnector"

@@ -6,8 +6,8 @@ wire spec, its role rank, the data transport, the connector's fuse, the way peer
 named in errors, and the AFD timeout. The assembler builds them into one
 :class:`EndpointContext` and hands it to the pattern
 (:meth:`afd_core.assembly.AttentionSide.transport_context`). The pairing of an attention
-endpoint's sends and results is :class:`~afd_core.in_flight.InFlight`; an FFN
-endpoint's links are :mod:`afd_core.peer_links`.
+endpoint's sends and results is :class:`~afd_core.kit.in_flight.InFlight`; an FFN
+endpoint's links are :mod:`afd_core.kit.peer_links`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from afd_core.connector import WireSpec
+    from afd_core.dataplane.transport import Transport
     from afd_core.failures import Fuse, PeerFailures
-    from afd_core.transport import Transport
 
 
 @dataclass(frozen=True)

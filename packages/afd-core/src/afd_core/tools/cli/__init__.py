@@ -8,7 +8,7 @@ Each subcommand is one public module of this package that defines
 * ``run(args: argparse.Namespace) -> int``: do the work and return the exit status.
 
 :func:`main` finds these modules itself (modules whose name starts with ``_`` are
-skipped: :mod:`afd_core.cli._inputs` holds the exit statuses and the checks of a user's
+skipped: :mod:`afd_core.tools.cli._inputs` holds the exit statuses and the checks of a user's
 input that the subcommands share), so adding a subcommand means adding one module and
 touching nothing else.
 """

@@ -1,6 +1,6 @@
 """The op-provider contract: a data plane whose communication happens inside custom ops.
 
-Some data planes are not a :class:`~afd_core.transport.Transport` the endpoints post
+Some data planes are not a :class:`~afd_core.dataplane.transport.Transport` the endpoints post
 tensors on: the Ascend connectors move their data inside torch ops (``a2e``/``e2a``,
 CAM dispatch/combine) that find their communication group by a *name* passed as a
 string argument. An :class:`OpProvider` is that data plane's owner on one rank:
@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from torch.distributed import Store
 
+    from afd_core.dataplane.transport import Transport
     from afd_core.topology import Topology
-    from afd_core.transport import Transport
 
 
 class GroupOpener(ABC):

@@ -19,7 +19,7 @@ several prompts is refused (400) when the prefill server answers any. ``GET /v1/
 is the decode server's answer; ``GET /health`` is 200 when both servers' ``/health`` are.
 
 Standard library only, a thread per connection: for tests, demos and small deployments.
-``python -m afd_core.launch.prefill_proxy --prefill URL --decode URL --port P`` runs one
+``python -m afd_core.tools.launch.prefill_proxy --prefill URL --decode URL --port P`` runs one
 until Ctrl-C or SIGTERM.
 """
 
@@ -366,7 +366,7 @@ def _host_port(what: str, url: str) -> tuple[str, int]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run a proxy until Ctrl-C; returns the exit status (2: invalid arguments)."""
     parser = argparse.ArgumentParser(
-        prog="python -m afd_core.launch.prefill_proxy",
+        prog="python -m afd_core.tools.launch.prefill_proxy",
         description="Send each completion to a prefill server (max_tokens 1), then to the "
         "decode (AFD attention) server, whose answer the client gets.",
     )

@@ -19,12 +19,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from afd_core.cli._inputs import EXIT_INVALID, model_dir_problem
 from afd_core.errors import AFDConfigError, AFDError
 from afd_core.plan import SLO, Space, load_model_shape, load_profile, plan, preset_names
 from afd_core.plan.report import describe, plan_document
 from afd_core.plan.search import DEFAULT_MAX_BATCH
 from afd_core.plan.step import LAYOUTS
+from afd_core.tools.cli._inputs import EXIT_INVALID, model_dir_problem
 
 #: The context per sequence when --context is not given (capped by the model's own).
 DEFAULT_CONTEXT = 1024

@@ -5,7 +5,7 @@ stage)`` puts it there and ``recv(layer, stage)`` takes it out again. A call tha
 the pairing (a second send of a stage before its receive, a receive of a stage with
 nothing or another layer in flight) is an AFDProtocolError naming the rank, the layer and
 the stage. afd-core's endpoints and a third party's use this one rule; the rule of a
-step's exchanges in order is :class:`~afd_core.step_exchanges.StepExchanges`.
+step's exchanges in order is :class:`~afd_core.kit.step_exchanges.StepExchanges`.
 
 Pure Python.
 """

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from afd_core.dataplane.transport import TransferFailed, Transport
     from afd_core.errors import AFDError, AFDPeerError
     from afd_core.failures import PeerFailures
     from afd_core.runtime.world import World
-    from afd_core.transport import TransferFailed, Transport
 
 
 @dataclass(eq=False)

@@ -1,7 +1,7 @@
 """Loading AFD plugins: one pluggy plugin manager per process, fed by the ``afd`` group.
 
 Every installed distribution that declares an entry point in the ``afd`` group is a
-plugin, afd-core itself included (``afd_core = "afd_core.builtin_hooks"``). The
+plugin, afd-core itself included (``afd_core = "afd_core.plugins.builtin_hooks"``). The
 environment variable ``AFD_PLUGINS`` restricts which entry points load: unset loads all,
 a comma-separated list of entry-point names loads only those, an empty string loads none
 (tests then register plugin objects directly with ``get_plugin_manager().register``).
@@ -19,8 +19,8 @@ from importlib.metadata import EntryPoint, entry_points
 
 import pluggy
 
-from afd_core import hookspecs
 from afd_core.errors import AFDInstallError
+from afd_core.plugins import hookspecs
 
 #: The entry-point group (and pluggy project name) of AFD plugins.
 ENTRY_POINT_GROUP = "afd"
@@ -75,8 +75,8 @@ class AFDPluginManager(pluggy.PluginManager):
                 self.unregister(plugin)
             raise AFDInstallError(
                 f"AFD: plugin {origin} does not fit the AFD hooks: {exc}. Its hook "
-                "functions must be named and typed as in afd_core.hookspecs; fix or upgrade "
-                f"{dist}"
+                "functions must be named and typed as in afd_core.plugins.hookspecs; fix or "
+                f"upgrade {dist}"
             ) from exc
         self._origins[ep.name] = origin
 

@@ -27,11 +27,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from afd_core.cli._inputs import EXIT_FAILED, EXIT_INVALID, model_dir_problem
 from afd_core.errors import AFDConfigError, AFDError
 from afd_core.plan.measured import build_tables
 from afd_core.plan.model_shape import ModelShape, load_model_shape
 from afd_core.plan.profile import HardwareProfile, load_profile, profile_document
+from afd_core.tools.cli._inputs import EXIT_FAILED, EXIT_INVALID, model_dir_problem
 
 DEFAULT_BATCHES = "1,2,4,8,16,32"
 DEFAULT_CONTEXTS = "32,160"

@@ -29,7 +29,7 @@ from types import MappingProxyType
 from typing import IO, Any
 
 from afd_core.errors import AFDError
-from afd_core.launch.processes import (
+from afd_core.tools.launch.processes import (
     kill_session,
     remember_session,
     session_processes,

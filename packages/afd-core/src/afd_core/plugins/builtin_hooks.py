@@ -1,13 +1,13 @@
 """afd-core's own plugin: the reference connector, registered like any third-party one.
 
-Loaded through afd-core's ``afd`` entry point (``afd_core = "afd_core.builtin_hooks"``),
+Loaded through afd-core's ``afd`` entry point (``afd_core = "afd_core.plugins.builtin_hooks"``),
 so ``AFD_PLUGINS`` filters it exactly as it filters other plugins.
 """
 
 from __future__ import annotations
 
-from afd_core.hookspecs import hookimpl
-from afd_core.specs import ConnectorSpec
+from afd_core.plugins.hookspecs import hookimpl
+from afd_core.plugins.specs import ConnectorSpec
 
 
 @hookimpl

@@ -6,8 +6,8 @@ need the same connector, the same ``--block-size`` and the same KV cache dtype: 
 connector moves whole blocks of bytes, whose layout is the attention backend's.
 
 :class:`KVTransferSpec` renders the flag; put :meth:`KVTransferSpec.args` on the prefill
-server's :attr:`ServerSpec.extra_args <afd_core.launch.ServerSpec.extra_args>` and on the
-attention role's :attr:`DeploymentSpec.role_args <afd_core.launch.DeploymentSpec.role_args>`.
+server's :attr:`ServerSpec.extra_args <afd_core.tools.launch.ServerSpec.extra_args>` and on the
+attention role's :attr:`DeploymentSpec.role_args <afd_core.tools.launch.DeploymentSpec.role_args>`.
 """
 
 from __future__ import annotations

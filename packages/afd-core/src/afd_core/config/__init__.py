@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any, cast
 
 from afd_core.capabilities import check_connector
-from afd_core.coercion import (
+from afd_core.config.coercion import (
     show,
     to_bool,
     to_int_at_least,
@@ -25,11 +25,7 @@ from afd_core.coercion import (
     to_mapping,
     to_str,
 )
-from afd_core.connector import Connector
-from afd_core.errors import AFDConfigError, AFDInstallError
-from afd_core.placement import PlacementRule
-from afd_core.specs import ConnectorSpec
-from afd_core.stages import (
+from afd_core.config.stages import (
     DEFAULT_DECODE_TOKEN_THRESHOLD,
     DEFAULT_PREFILL_TOKEN_THRESHOLD,
     MIN_TOKEN_THRESHOLD,
@@ -37,6 +33,10 @@ from afd_core.stages import (
     StagePolicy,
     StageStreams,
 )
+from afd_core.connector import Connector
+from afd_core.errors import AFDConfigError, AFDInstallError
+from afd_core.placement import PlacementRule
+from afd_core.plugins.specs import ConnectorSpec
 from afd_core.topology import ROLES, ExchangePattern, Role, Topology
 
 #: Every key ``additional_config["afd"]`` accepts, in documentation order.
@@ -178,7 +178,7 @@ def parse_afd_config(
     """Validate ``raw`` (the value of ``additional_config["afd"]``) into an AFDConfig.
 
     ``connectors`` maps registered connector names to specs; ``None`` means the installed
-    plugins' registry (``afd_core.registry.get_registry().connectors``). When
+    plugins' registry (``afd_core.plugins.registry.get_registry().connectors``). When
     ``expected_role`` is given, a config for the other role is an error ("AFD role
     mismatch"). The selected connector class is imported to parse
     ``connector_extra_config`` strictly. A missing key takes the default of its
@@ -194,7 +194,7 @@ def parse_afd_config(
     )
     role = _parse_role(values, expected_role)
     if connectors is None:
-        from afd_core.registry import get_registry
+        from afd_core.plugins.registry import get_registry
 
         connectors = get_registry().connectors
     spec = _parse_connector(values, connectors)
