@@ -1,9 +1,10 @@
 """The AscendC kernels' header (``csrc/common/afd_protocol.h``) is the reference ops'
-header (``afd_ascend_ops.header.MessageHeader``): the same constants, and, compiled with
+header (``afd_ascend_ops.header.OpsHeader``): the same constants, and, compiled with
 g++ as host C++17, the same 64 bytes for the same fields in both directions.
 
 The constants are compared by reading the header's ``constexpr`` lines (no compiler
-needed); the codec by building ``tests/npu/header_codec.cpp`` against the header.
+needed; most are in ``afd_header_table.h``, generated from ``afd_ascend_ops.header``); the
+codec by building ``tests/npu/header_codec.cpp`` against the header.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from afd_ascend_ops.header import OPS, MessageHeader
+from afd_ascend_ops.header import OPS, OpsHeader
 from afd_core.wire.metadata import WIRE_DTYPES
 from tests.npu.modules import ROOT
 
 COMMON = ROOT / "packages" / "afd-ascend-ops" / "csrc" / "common"
 PROTOCOL = COMMON / "afd_protocol.h"
+TABLE = COMMON / "afd_header_table.h"  # its constants, generated from afd_ascend_ops.header
 CODEC = Path(__file__).with_name("header_codec.cpp")
 
 _CONSTEXPR = re.compile(r"^constexpr uint32_t (k\w+) = (0x[0-9a-fA-F]+|\d+)u?;", re.MULTILINE)
@@ -28,32 +30,33 @@ _CONSTEXPR = re.compile(r"^constexpr uint32_t (k\w+) = (0x[0-9a-fA-F]+|\d+)u?;",
 
 def constants() -> dict[str, int]:
     """The header's ``constexpr uint32_t kName = value;`` lines with a literal value."""
-    return {name: int(value, 0) for name, value in _CONSTEXPR.findall(PROTOCOL.read_text())}
+    text = PROTOCOL.read_text() + TABLE.read_text()
+    return {name: int(value, 0) for name, value in _CONSTEXPR.findall(text)}
 
 
 def test_the_kernel_header_constants_are_the_reference_headers() -> None:
     c = constants()
-    assert c["kHeaderBytes"] == MessageHeader.SIZE
-    assert c["kHeaderMagic"] == int.from_bytes(MessageHeader.MAGIC, "little")
-    assert c["kHeaderVersion"] == MessageHeader.VERSION
+    assert c["kHeaderBytes"] == OpsHeader.SIZE
+    assert c["kHeaderMagic"] == int.from_bytes(OpsHeader.MAGIC, "little")
+    assert c["kHeaderVersion"] == OpsHeader.VERSION
     ops = {"a2e": "kOpA2e", "e2a": "kOpE2a", "dispatch": "kOpDispatch", "combine": "kOpCombine"}
     assert {op: c[name] for op, name in ops.items()} == OPS
     dtypes = {"bfloat16": "kDtypeBfloat16", "float16": "kDtypeFloat16", "float32": "kDtypeFloat32"}
     assert {dtype: c[name] for dtype, name in dtypes.items()} == WIRE_DTYPES
-    gated = MessageHeader("dispatch", 0, 0, 0, 0, 1, "bfloat16", topk=1, gated=True).encode()
+    gated = OpsHeader("dispatch", 0, 0, 0, 0, 1, "bfloat16", topk=1, gated=True).encode()
     assert int.from_bytes(gated[34:36], "little") == c["kFlagGated"]
 
 
 HEADERS = [
-    MessageHeader("a2e", seq=7, source=3, destination=1, rows=5, hidden_size=256, dtype="bfloat16"),
-    MessageHeader(
+    OpsHeader("a2e", seq=7, source=3, destination=1, rows=5, hidden_size=256, dtype="bfloat16"),
+    OpsHeader(
         "e2a", seq=2**40 + 9, source=0, destination=4, rows=0, hidden_size=8, dtype="float32"
     ),
-    MessageHeader(
+    OpsHeader(
         "dispatch", seq=1, source=2, destination=0, rows=64, hidden_size=4096, dtype="float16",
         topk=8, gated=True,
     ),
-    MessageHeader(
+    OpsHeader(
         "combine", seq=123456, source=1, destination=2, rows=3, hidden_size=7168,
         dtype="bfloat16", layer=60,
     ),
@@ -88,9 +91,7 @@ def run(codec: Path, *args: object) -> str:
 
 
 @pytest.mark.parametrize("header", HEADERS, ids=lambda h: h.op)
-def test_the_kernels_encode_the_bytes_the_reference_encodes(
-    codec: Path, header: MessageHeader
-) -> None:
+def test_the_kernels_encode_the_bytes_the_reference_encodes(codec: Path, header: OpsHeader) -> None:
     encoded = run(
         codec, "encode", OPS[header.op], WIRE_DTYPES[header.dtype], header.seq, header.source,
         header.destination, header.rows, header.hidden_size, header.topk, int(header.gated),
@@ -101,11 +102,11 @@ def test_the_kernels_encode_the_bytes_the_reference_encodes(
 
 @pytest.mark.parametrize("header", HEADERS, ids=lambda h: h.op)
 def test_the_kernels_decode_the_reference_header_field_by_field(
-    codec: Path, header: MessageHeader
+    codec: Path, header: OpsHeader
 ) -> None:
     fields = [int(word) for word in run(codec, "decode", header.encode().hex()).split()]
     magic, version, op, dtype, seq, source, destination, rows, hidden, topk, flags, layer = fields
-    assert magic.to_bytes(4, "little") == MessageHeader.MAGIC and version == MessageHeader.VERSION
+    assert magic.to_bytes(4, "little") == OpsHeader.MAGIC and version == OpsHeader.VERSION
     assert (op, dtype) == (OPS[header.op], WIRE_DTYPES[header.dtype])
     assert (seq, source, destination) == (header.seq, header.source, header.destination)
     assert (rows, hidden, topk, layer) == (

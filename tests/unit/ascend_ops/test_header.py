@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from afd_ascend_ops.header import MessageHeader
+from afd_ascend_ops.header import OpsHeader
 from afd_core.errors import AFDProtocolError
 
-HEADER = MessageHeader("a2e", 7, 2, 0, 5, 4096, "bfloat16", topk=8, gated=True)
+HEADER = OpsHeader("a2e", 7, 2, 0, 5, 4096, "bfloat16", topk=8, gated=True)
 
 
 def test_a_header_round_trips_through_its_fixed_size_wire_form():
     raw = HEADER.encode()
-    assert len(raw) == MessageHeader.SIZE == 64
-    assert MessageHeader.decode(raw) == HEADER
-    plain = MessageHeader("e2a", 2**40, 0, 9, 0, 16, "float32")
-    assert MessageHeader.decode(plain.encode()) == plain
+    assert len(raw) == OpsHeader.SIZE == 64
+    assert OpsHeader.decode(raw) == HEADER
+    plain = OpsHeader("e2a", 2**40, 0, 9, 0, 16, "float32")
+    assert OpsHeader.decode(plain.encode()) == plain
 
 
 @pytest.mark.parametrize(
@@ -29,11 +29,11 @@ def test_a_header_round_trips_through_its_fixed_size_wire_form():
 )
 def test_anything_but_a_header_of_this_version_is_a_protocol_error(raw, says):
     with pytest.raises(AFDProtocolError, match=says):
-        MessageHeader.decode(raw)
+        OpsHeader.decode(raw)
 
 
 def test_differences_name_both_values_of_every_differing_field():
-    other = MessageHeader("a2e", 6, 2, 0, 3, 2048, "float16", topk=8, gated=True)
+    other = OpsHeader("a2e", 6, 2, 0, 3, 2048, "float16", topk=8, gated=True)
     assert HEADER.differences(other) == [
         "seq: sent 7, expected 6",
         "rows: sent 5, expected 3",
@@ -45,6 +45,6 @@ def test_differences_name_both_values_of_every_differing_field():
 
 def test_a_header_refuses_an_unknown_op_or_dtype():
     with pytest.raises(ValueError, match="op must be one of"):
-        MessageHeader("scatter", 0, 0, 1, 0, 8, "bfloat16")  # type: ignore[arg-type]
+        OpsHeader("scatter", 0, 0, 1, 0, 8, "bfloat16")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="int8"):
-        MessageHeader("a2e", 0, 0, 1, 0, 8, "int8")
+        OpsHeader("a2e", 0, 0, 1, 0, 8, "int8")

@@ -49,16 +49,13 @@ inline std::string DescribeRank(const World& world, int64_t worldRank)
 
 inline std::string OpName(uint32_t code)
 {
-    static const char* const names[] = {"a2e", "e2a", "dispatch", "combine"};
-    return code >= kOpA2e && code <= kOpCombine ? names[code - kOpA2e]
-                                                : "op code " + std::to_string(code);
+    return code >= 1 && code <= kOpLast ? kOpNames[code - 1] : "op code " + std::to_string(code);
 }
 
 inline std::string DtypeName(uint32_t code)
 {
-    static const char* const names[] = {"bfloat16", "float16", "float32"};
-    return code >= kDtypeBfloat16 && code <= kDtypeFloat32 ? names[code - kDtypeBfloat16]
-                                                          : "dtype code " + std::to_string(code);
+    return code >= 1 && code <= kDtypeLast ? kDtypeNames[code - 1]
+                                           : "dtype code " + std::to_string(code);
 }
 
 // The header packed into status words [at, at + 8) (two u32 words per int64, low first).
@@ -73,7 +70,7 @@ inline Header UnpackHeader(const int64_t* words, uint32_t at)
     return DecodeHeader(raw);
 }
 
-// "field: sent X, expected Y" for every differing field (MessageHeader.differences, values
+// "field: sent X, expected Y" for every differing field (OpsHeader.differences, values
 // as Python's repr writes them).
 inline std::string Differences(const Header& got, const Header& expected, bool anyRows)
 {
@@ -105,7 +102,7 @@ inline std::string Differences(const Header& got, const Header& expected, bool a
     return joined;
 }
 
-// Why a received header is not one of this protocol version (MessageHeader.decode's errors).
+// Why a received header is not one of this protocol version (OpsHeader.decode's errors).
 inline std::string Malformed(const Header& got)
 {
     std::ostringstream out;

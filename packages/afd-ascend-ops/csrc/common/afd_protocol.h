@@ -2,39 +2,27 @@
 // Written for this project (afd-ascend-ops): the wire protocol of the compiled a2e/e2a, shared
 // by the AscendC kernels (bisheng) and the host binding (g++). Plain C++17, no CANN or torch.
 //
-// The message header mirrors afd_ascend_ops/header.py (MessageHeader): 64 bytes, little
-// endian, struct "<4sHBBQIIIIHHI" zero-padded. Every field of that layout is naturally
-// aligned, so it is handled here as 16 little-endian u32 words:
-//
-//   word 0  magic b"AFDA"            word 5  destination world rank
-//   word 1  version | op<<16 | dtype<<24   word 6  rows
-//   word 2  seq, low 32 bits         word 7  hidden size
-//   word 3  seq, high 32 bits        word 8  topk | flags<<16 (flag bit 0: gated)
-//   word 4  source world rank        word 9  layer (0 for a2e/e2a); words 10-15 zero
+// The message header is afd_ascend_ops/header.py's OpsHeader: 64 bytes, little endian, its
+// FIELDS zero-padded. Its constants (size, magic, version, op and dtype codes, flag bits, each
+// field's offset and size) are generated from that table into afd_header_table.h (python -m
+// afd_ascend_ops.header_c --write); never write them here. Every field is naturally aligned,
+// so the header is handled as 16 little-endian u32 words, a field of at most 4 bytes within
+// one word, seq (8 bytes) in two, low word first. The compiled kernels send and accept a2e
+// and e2a only; dispatch and combine are the CAM async reference ops' codes.
 #pragma once
 
+#include "afd_header_table.h"
 #include "afd_portable.h"
 
 namespace afd {
 
 // ---- header --------------------------------------------------------------------------------
 
-constexpr uint32_t kHeaderBytes = 64;
 constexpr uint32_t kHeaderWords = kHeaderBytes / 4;
-constexpr uint32_t kHeaderMagic = 0x41444641u;  // the bytes "AFDA" read as a little-endian u32
-constexpr uint32_t kHeaderVersion = 2;          // MessageHeader.VERSION
-// MessageHeader's op codes (header.OPS); the compiled kernels send and accept a2e and e2a only.
-constexpr uint32_t kOpA2e = 1;
-constexpr uint32_t kOpE2a = 2;
-constexpr uint32_t kOpDispatch = 3;
-constexpr uint32_t kOpCombine = 4;
-// afd_core.wire.metadata.WIRE_DTYPES.
-constexpr uint32_t kDtypeBfloat16 = 1;
-constexpr uint32_t kDtypeFloat16 = 2;
-constexpr uint32_t kDtypeFloat32 = 3;
-constexpr uint32_t kFlagGated = 1;  // expert ids and scales follow the rows
+static_assert(kBytesMagic == 4 && kOffsetMagic % 4 == 0, "the magic is one u32 word");
+static_assert(kBytesSeq == 8 && kOffsetSeq % 8 == 0, "seq is two u32 words");
 
-// One header, decoded. Field order and meaning as MessageHeader's.
+// One header, decoded. Field order and meaning as OpsHeader's.
 struct Header {
     uint32_t magic;
     uint32_t version;
@@ -71,42 +59,60 @@ AFD_FN Header MakeHeader(uint32_t op, uint32_t dtype, uint64_t seq, uint32_t sou
     return h;
 }
 
+// The field of `bytes` (at most 4) bytes at byte `offset` of the header's words.
+AFD_FN uint32_t GetField(const uint32_t words[kHeaderWords], uint32_t offset, uint32_t bytes)
+{
+    const uint32_t value = words[offset / 4] >> (8 * (offset % 4));
+    return bytes == 4 ? value : value & ((1u << (8 * bytes)) - 1u);
+}
+
+AFD_FN void PutField(uint32_t words[kHeaderWords], uint32_t offset, uint32_t bytes,
+                     uint32_t value)
+{
+    const uint32_t mask = bytes == 4 ? 0xFFFFFFFFu : (1u << (8 * bytes)) - 1u;
+    words[offset / 4] |= (value & mask) << (8 * (offset % 4));
+}
+
 AFD_FN void EncodeHeader(const Header& h, uint32_t words[kHeaderWords])
 {
     for (uint32_t i = 0; i < kHeaderWords; ++i) {
         words[i] = 0;
     }
-    words[0] = h.magic;
-    words[1] = (h.version & 0xFFFFu) | ((h.op & 0xFFu) << 16) | ((h.dtype & 0xFFu) << 24);
-    words[2] = static_cast<uint32_t>(h.seq);
-    words[3] = static_cast<uint32_t>(h.seq >> 32);
-    words[4] = h.source;
-    words[5] = h.destination;
-    words[6] = h.rows;
-    words[7] = h.hidden;
-    words[8] = (h.topk & 0xFFFFu) | ((h.flags & 0xFFFFu) << 16);
-    words[9] = h.layer;
+    PutField(words, kOffsetMagic, kBytesMagic, h.magic);
+    PutField(words, kOffsetVersion, kBytesVersion, h.version);
+    PutField(words, kOffsetOp, kBytesOp, h.op);
+    PutField(words, kOffsetDtype, kBytesDtype, h.dtype);
+    PutField(words, kOffsetSeq, 4, static_cast<uint32_t>(h.seq));
+    PutField(words, kOffsetSeq + 4, 4, static_cast<uint32_t>(h.seq >> 32));
+    PutField(words, kOffsetSource, kBytesSource, h.source);
+    PutField(words, kOffsetDestination, kBytesDestination, h.destination);
+    PutField(words, kOffsetRows, kBytesRows, h.rows);
+    PutField(words, kOffsetHiddenSize, kBytesHiddenSize, h.hidden);
+    PutField(words, kOffsetTopk, kBytesTopk, h.topk);
+    PutField(words, kOffsetFlags, kBytesFlags, h.flags);
+    PutField(words, kOffsetLayer, kBytesLayer, h.layer);
 }
 
 AFD_FN Header DecodeHeader(const uint32_t words[kHeaderWords])
 {
     Header h{};
-    h.magic = words[0];
-    h.version = words[1] & 0xFFFFu;
-    h.op = (words[1] >> 16) & 0xFFu;
-    h.dtype = (words[1] >> 24) & 0xFFu;
-    h.seq = static_cast<uint64_t>(words[2]) | (static_cast<uint64_t>(words[3]) << 32);
-    h.source = words[4];
-    h.destination = words[5];
-    h.rows = words[6];
-    h.hidden = words[7];
-    h.topk = words[8] & 0xFFFFu;
-    h.flags = (words[8] >> 16) & 0xFFFFu;
-    h.layer = words[9];
+    h.magic = GetField(words, kOffsetMagic, kBytesMagic);
+    h.version = GetField(words, kOffsetVersion, kBytesVersion);
+    h.op = GetField(words, kOffsetOp, kBytesOp);
+    h.dtype = GetField(words, kOffsetDtype, kBytesDtype);
+    h.seq = static_cast<uint64_t>(GetField(words, kOffsetSeq, 4)) |
+            (static_cast<uint64_t>(GetField(words, kOffsetSeq + 4, 4)) << 32);
+    h.source = GetField(words, kOffsetSource, kBytesSource);
+    h.destination = GetField(words, kOffsetDestination, kBytesDestination);
+    h.rows = GetField(words, kOffsetRows, kBytesRows);
+    h.hidden = GetField(words, kOffsetHiddenSize, kBytesHiddenSize);
+    h.topk = GetField(words, kOffsetTopk, kBytesTopk);
+    h.flags = GetField(words, kOffsetFlags, kBytesFlags);
+    h.layer = GetField(words, kOffsetLayer, kBytesLayer);
     return h;
 }
 
-// Fields a receiver compares (MessageHeader.differences), as bits of a mask.
+// Fields a receiver compares (OpsHeader.differences), as bits of a mask.
 enum HeaderField : uint32_t {
     kFieldOp = 1u << 0,
     kFieldSeq = 1u << 1,
@@ -120,13 +126,13 @@ enum HeaderField : uint32_t {
     kFieldLayer = 1u << 9,
 };
 
-// Whether `got` is a header of this protocol version at all (MessageHeader.decode's checks:
+// Whether `got` is a header of this protocol version at all (OpsHeader.decode's checks:
 // magic, version, known op and dtype codes, no unknown flag bits).
 AFD_FN bool IsWellFormed(const Header& got)
 {
-    return got.magic == kHeaderMagic && got.version == kHeaderVersion && got.op >= kOpA2e &&
-           got.op <= kOpCombine && got.dtype >= kDtypeBfloat16 && got.dtype <= kDtypeFloat32 &&
-           (got.flags & ~kFlagGated) == 0;
+    return got.magic == kHeaderMagic && got.version == kHeaderVersion && got.op >= 1 &&
+           got.op <= kOpLast && got.dtype >= 1 && got.dtype <= kDtypeLast &&
+           (got.flags & ~kFlagsKnown) == 0;
 }
 
 // The mask of fields in which `got` differs from `expected`; `anyRows` leaves rows unchecked

@@ -1,7 +1,7 @@
 """The header in front of every message of the CPU reference kernels.
 
 Every message between two ranks (``a2e`` / ``e2a``, and the CAM async ``dispatch`` /
-``combine``) is a fixed :data:`MessageHeader.SIZE`
+``combine``) is a fixed :data:`OpsHeader.SIZE`
 byte header, followed (when it carries rows) by one body message whose size the header
 gives: the receiver posts the header receive first and sizes the body receive from it,
 so no message can be larger than the receive it lands in (gloo aborts the process on
@@ -13,10 +13,12 @@ messages, the decoder layer they belong to (``layer``). The receiver
 compares it with what it expects and raises :class:`~afd_core.errors.AFDProtocolError`
 naming both views.
 
-Layout (little endian): magic ``b"AFDA"``, version u16, op u8, dtype u8 (a code of
-:data:`afd_core.wire.metadata.WIRE_DTYPES`), seq u64, source u32, destination u32, rows u32,
-hidden size u32, topk u16, flags u16 (bit 0: expert ids and scales follow the rows),
-layer u32; zero padding to 64 bytes. Pure Python: no torch.
+Layout (little endian, :data:`FIELDS`): magic ``b"AFDA"``, version u16, op u8, dtype u8 (a
+code of :data:`afd_core.wire.metadata.WIRE_DTYPES`), seq u64, source u32, destination u32, rows
+u32, hidden size u32, topk u16, flags u16 (:data:`FLAGS`), layer u32; zero padding to 64
+bytes. This module is the one table of the header: the compiled kernels' constants
+(``csrc/common/afd_header_table.h``) are generated from it by :mod:`afd_ascend_ops.header_c`.
+Pure Python: no torch.
 """
 
 from __future__ import annotations
@@ -30,19 +32,27 @@ from afd_core.wire.metadata import WIRE_DTYPES
 
 Op = Literal["a2e", "e2a", "dispatch", "combine"]
 OPS: dict[str, int] = {"a2e": 1, "e2a": 2, "dispatch": 3, "combine": 4}
+#: The bits of the flags field.
+FLAGS: dict[str, int] = {"gated": 1}  # expert ids and scales follow the rows
+#: The wire layout, in order: (field, struct format code). Every field is naturally aligned.
+FIELDS: tuple[tuple[str, str], ...] = (
+    ("magic", "4s"), ("version", "H"), ("op", "B"), ("dtype", "B"), ("seq", "Q"),
+    ("source", "I"), ("destination", "I"), ("rows", "I"), ("hidden_size", "I"),
+    ("topk", "H"), ("flags", "H"), ("layer", "I"),
+)  # fmt: skip
 _OP_NAMES = {code: name for name, code in OPS.items()}
 _DTYPE_NAMES = {code: name for name, code in WIRE_DTYPES.items()}
-_GATED = 1
+_GATED = FLAGS["gated"]
 
 
 @dataclass(frozen=True)
-class MessageHeader:
-    """One message's header (see the module docstring)."""
+class OpsHeader:
+    """The header of one message of the ``afd_ascend`` ops (see the module docstring)."""
 
     SIZE: ClassVar[int] = 64
     MAGIC: ClassVar[bytes] = b"AFDA"
     VERSION: ClassVar[int] = 2
-    LAYOUT: ClassVar[struct.Struct] = struct.Struct("<4sHBBQIIIIHHI")
+    LAYOUT: ClassVar[struct.Struct] = struct.Struct("<" + "".join(code for _, code in FIELDS))
 
     op: Op
     seq: int
@@ -57,11 +67,9 @@ class MessageHeader:
 
     def __post_init__(self) -> None:
         if self.op not in OPS:
-            raise ValueError(f"MessageHeader.op must be one of {sorted(OPS)}, not {self.op!r}")
+            raise ValueError(f"OpsHeader.op must be one of {sorted(OPS)}, not {self.op!r}")
         if self.dtype not in WIRE_DTYPES:
-            raise ValueError(
-                f"MessageHeader.dtype {self.dtype!r} is not one of {sorted(WIRE_DTYPES)}"
-            )
+            raise ValueError(f"OpsHeader.dtype {self.dtype!r} is not one of {sorted(WIRE_DTYPES)}")
 
     def encode(self) -> bytes:
         """The :data:`SIZE`-byte wire form."""
@@ -82,7 +90,7 @@ class MessageHeader:
         return packed.ljust(self.SIZE, b"\0")
 
     @classmethod
-    def decode(cls, data: bytes) -> MessageHeader:
+    def decode(cls, data: bytes) -> OpsHeader:
         """Parse a header; AFDProtocolError for anything that is not one of this version."""
         if len(data) != cls.SIZE:
             raise AFDProtocolError(
@@ -119,7 +127,7 @@ class MessageHeader:
             layer=layer,
         )
 
-    def differences(self, expected: MessageHeader, *, ignore: tuple[str, ...] = ()) -> list[str]:
+    def differences(self, expected: OpsHeader, *, ignore: tuple[str, ...] = ()) -> list[str]:
         """``"field: sent X, expected Y"`` for every field (not in ``ignore``) that differs
         between this (received) header and ``expected``."""
         return [

@@ -32,7 +32,7 @@ so):
 * One dispatch in flight per attention rank and group: ``dispatch_send`` before the
   ``combine_recv`` of the previous one raises AFDProtocolError (a stage sends layer L+1
   only after it received layer L).
-* Every message carries a :class:`~afd_ascend_ops.header.MessageHeader` (``seq``: the
+* Every message carries a :class:`~afd_ascend_ops.header.OpsHeader` (``seq``: the
   call number between the two ranks on this group; ``layer``: the dispatch's layer); a
   receiver that finds anything but what it expects raises AFDProtocolError naming both
   views. Every wait but the FFN's idle wait for the next dispatch ends by ``timeout_s``
@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 import torch
 
-from afd_ascend_ops.header import MessageHeader
+from afd_ascend_ops.header import OpsHeader
 from afd_ascend_ops.reference.bodies import TORCH_DTYPES, rows_as_bytes
 from afd_ascend_ops.reference.channel import MessageChannel, check_positive, wire_dtype
 from afd_ascend_ops.reference.inbox import Inbox
@@ -185,7 +185,7 @@ class AsyncGroup:
                 tokens = owned.any(dim=1).nonzero().flatten()
                 peer = self._channel.topology.world_rank("ffn", ffn_rank)
                 self._channel.finish_sends(peer, deadline)
-                header = MessageHeader(
+                header = OpsHeader(
                     "dispatch", self._channel.next_call(peer), self._channel.world_rank, peer,
                     tokens.numel(), hidden_size, dtype, top_k, True, layer_index,
                 )  # fmt: skip
@@ -257,7 +257,7 @@ class AsyncGroup:
             self._channel.topology.world_rank("ffn", f) for f in range(len(sent.expanded_rows))
         ]
         seqs = [self._channel.next_call(peer) for peer in peers]
-        heads = [torch.empty(MessageHeader.SIZE, dtype=torch.uint8) for _ in peers]
+        heads = [torch.empty(OpsHeader.SIZE, dtype=torch.uint8) for _ in peers]
         posted = [self._channel.post(p, h, send=False) for p, h in zip(peers, heads, strict=True)]
         headers = []
         for peer, seq, head, transfer, rows in zip(
@@ -265,7 +265,7 @@ class AsyncGroup:
         ):
             doing = f"the combine of layer {sent.layer} (call {seq}) on group {self.name!r}"
             self._channel.wait(transfer, deadline, doing)
-            expected = MessageHeader(
+            expected = OpsHeader(
                 "combine", seq, peer, self._channel.world_rank, rows, hidden_size, "bfloat16",
                 layer=sent.layer,
             )  # fmt: skip
@@ -306,7 +306,7 @@ class AsyncGroup:
         with self._lock:
             sender, header, body = self._inbox(hidden_size).take()
             seq = self._channel.next_call(sender)
-            expected = MessageHeader(
+            expected = OpsHeader(
                 "dispatch", seq, sender, self._channel.world_rank, header.rows, hidden_size, dtype,
                 top_k, True, header.layer,
             )  # fmt: skip
@@ -385,7 +385,7 @@ class AsyncGroup:
                 )
             deadline = time.monotonic() + self._channel.timeout_s
             self._channel.finish_sends(peer, deadline)
-            header = MessageHeader(
+            header = OpsHeader(
                 "combine", self._channel.next_call(peer), self._channel.world_rank, peer, rows,
                 hidden_size, dtype, layer=layer,
             )  # fmt: skip
@@ -469,7 +469,7 @@ class AsyncGroup:
             )
 
 
-def _dispatch_body_bytes(header: MessageHeader) -> int:
+def _dispatch_body_bytes(header: OpsHeader) -> int:
     """Bytes of the body after a dispatch header: each token's row and its int32 ids."""
     if header.op != "dispatch":
         return 0  # the header check names the wrong op

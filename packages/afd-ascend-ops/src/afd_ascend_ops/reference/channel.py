@@ -5,7 +5,7 @@ first) and gives the reference kernels of both op families (``a2e``/``e2a`` in
 :mod:`~afd_ascend_ops.reference.group`, the CAM async ops in
 :mod:`~afd_ascend_ops.reference.async_group`) the same rules:
 
-* every message is a :class:`~afd_ascend_ops.header.MessageHeader` and at most one body
+* every message is a :class:`~afd_ascend_ops.header.OpsHeader` and at most one body
   whose size the header gives (a receive is posted only once its size is known: gloo
   aborts the receiving process on a message larger than the receive);
 * ``seq`` is the call number of this rank on this channel with that peer (both sides
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from afd_ascend_ops.header import MessageHeader, Op
+from afd_ascend_ops.header import Op, OpsHeader
 from afd_ascend_ops.reference.bodies import TORCH_DTYPES, WIRE_TORCH_DTYPES
 from afd_core.dataplane.transport import Transfer, TransferFailed
 from afd_core.errors import AFDProtocolError
@@ -115,7 +115,7 @@ class MessageChannel:
         self._calls[peer] = seq + 1
         return seq
 
-    def send(self, peer: int, header: MessageHeader, bodies: list[torch.Tensor]) -> None:
+    def send(self, peer: int, header: OpsHeader, bodies: list[torch.Tensor]) -> None:
         """Post ``header`` and ``bodies`` to ``peer``; they stay pending until
         :meth:`finish_sends` of that peer."""
         head = torch.frombuffer(bytearray(header.encode()), dtype=torch.uint8)
@@ -150,25 +150,25 @@ class MessageChannel:
             error = self._failures.error(failure, doing, transfer.peer)
         raise error
 
-    def decode(self, head: torch.Tensor, sender: int) -> MessageHeader:
+    def decode(self, head: torch.Tensor, sender: int) -> OpsHeader:
         """The header in ``head``; AFDProtocolError naming ``sender`` for a bad one."""
-        raw = ctypes.string_at(head.data_ptr(), MessageHeader.SIZE)
+        raw = ctypes.string_at(head.data_ptr(), OpsHeader.SIZE)
         try:
-            return MessageHeader.decode(raw)
+            return OpsHeader.decode(raw)
         except AFDProtocolError as exc:
             raise AFDProtocolError(
                 f"{exc} [sent by {self.describe(sender)} to {self.me()}]"
             ) from None
 
     def check(
-        self, head: torch.Tensor, expected: MessageHeader, *, ignore: tuple[str, ...] = ()
-    ) -> MessageHeader:
+        self, head: torch.Tensor, expected: OpsHeader, *, ignore: tuple[str, ...] = ()
+    ) -> OpsHeader:
         """The received header in ``head``; AFDProtocolError unless it is ``expected``."""
         return self.compare(self.decode(head, expected.source), expected, ignore=ignore)
 
     def compare(
-        self, header: MessageHeader, expected: MessageHeader, *, ignore: tuple[str, ...] = ()
-    ) -> MessageHeader:
+        self, header: OpsHeader, expected: OpsHeader, *, ignore: tuple[str, ...] = ()
+    ) -> OpsHeader:
         """``header``; AFDProtocolError naming both views unless it is ``expected``."""
         diffs = header.differences(expected, ignore=ignore)
         if diffs:

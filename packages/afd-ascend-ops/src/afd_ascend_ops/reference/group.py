@@ -21,7 +21,7 @@ state the calls on it share. The rules (the README states them for users):
   that takes no part has -1 in ``atten_batch_size``. FFN ``e2a`` splits ``expand_x`` by
   those counts and sends each member that took part its rows; the sends stay pending
   like the attention side's.
-* Every message carries a :class:`~afd_ascend_ops.header.MessageHeader` whose ``seq``
+* Every message carries a :class:`~afd_ascend_ops.header.OpsHeader` whose ``seq``
   is the sender's call number on this group with that peer (a2e and e2a alternate, so
   both sides count alike); a receiver that finds anything but what it expects raises
   AFDProtocolError naming both views. A receiver checks the headers before it waits
@@ -43,7 +43,7 @@ import time
 
 import torch
 
-from afd_ascend_ops.header import MessageHeader
+from afd_ascend_ops.header import OpsHeader
 from afd_ascend_ops.reference.bodies import (
     ROUTING_ENTRY_BYTES,
     WIRE_TORCH_DTYPES,
@@ -178,7 +178,7 @@ class ReferenceGroup:
         peer = self._ffn_peer()
         deadline = time.monotonic() + self._channel.timeout_s
         self._channel.finish_sends(peer, deadline)
-        header = MessageHeader(
+        header = OpsHeader(
             "a2e",
             self._channel.next_call(peer),
             self._channel.world_rank,
@@ -224,12 +224,10 @@ class ReferenceGroup:
         peer = self._ffn_peer()
         deadline = time.monotonic() + self._channel.timeout_s
         seq = self._channel.next_call(peer)
-        head = torch.empty(MessageHeader.SIZE, dtype=torch.uint8)
+        head = torch.empty(OpsHeader.SIZE, dtype=torch.uint8)
         head_recv = self._channel.post(peer, head, send=False)
         self._channel.wait(head_recv, deadline, f"e2a call {seq} on group {self.name!r}")
-        expected = MessageHeader(
-            "e2a", seq, peer, self._channel.world_rank, rows, hidden_size, dtype
-        )
+        expected = OpsHeader("e2a", seq, peer, self._channel.world_rank, rows, hidden_size, dtype)
         self._channel.check(head, expected)
         self._channel.finish_sends(peer, deadline)
         self._sent_rows = None
@@ -273,13 +271,13 @@ class ReferenceGroup:
         peers = [peer for peer, _ in members]
         deadline = time.monotonic() + self._channel.timeout_s
         seqs = [self._channel.next_call(peer) for peer in peers]
-        heads = [torch.empty(MessageHeader.SIZE, dtype=torch.uint8) for _ in peers]
+        heads = [torch.empty(OpsHeader.SIZE, dtype=torch.uint8) for _ in peers]
         posted = [self._channel.post(p, h, send=False) for p, h in zip(peers, heads, strict=True)]
         dtype = WIRE_TORCH_DTYPES[torch_dtype]
         counts = []
         for (peer, rows), seq, head, transfer in zip(members, seqs, heads, posted, strict=True):
             self._channel.wait(transfer, deadline, f"a2e call {seq} on group {self.name!r}")
-            expected = MessageHeader(
+            expected = OpsHeader(
                 "a2e",
                 seq,
                 peer,
@@ -374,7 +372,7 @@ class ReferenceGroup:
         start = 0
         for peer, rows in members:
             self._channel.finish_sends(peer, deadline)
-            header = MessageHeader(
+            header = OpsHeader(
                 "e2a",
                 self._channel.next_call(peer),
                 self._channel.world_rank,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from afd_ascend_ops.header import MessageHeader
+from afd_ascend_ops.header import OpsHeader
 from afd_core.errors import AFDShutdown
 
 if TYPE_CHECKING:
@@ -46,14 +46,14 @@ class Inbox:
         self,
         channel: MessageChannel,
         peers: tuple[int, ...],
-        body_bytes: Callable[[MessageHeader], int],
+        body_bytes: Callable[[OpsHeader], int],
         doing: str,
     ) -> None:
         self._channel = channel
         self._body_bytes = body_bytes
         self._doing = doing
         self._cond = threading.Condition()
-        self._messages: deque[tuple[int, MessageHeader, torch.Tensor]] = deque()
+        self._messages: deque[tuple[int, OpsHeader, torch.Tensor]] = deque()
         self._error: BaseException | None = None
         self._closed = False
         self._readers = [
@@ -65,7 +65,7 @@ class Inbox:
         for reader in self._readers:
             reader.start()
 
-    def take(self) -> tuple[int, MessageHeader, torch.Tensor]:
+    def take(self) -> tuple[int, OpsHeader, torch.Tensor]:
         """The oldest message: (sender, header, body bytes). Waits as long as no peer
         sends; raises a reader's error (AFDPeerError for a lost peer), AFDShutdown once
         closed."""
@@ -91,7 +91,7 @@ class Inbox:
         channel = self._channel
         try:
             while not self._closed:
-                head = torch.empty(MessageHeader.SIZE, dtype=torch.uint8)
+                head = torch.empty(OpsHeader.SIZE, dtype=torch.uint8)
                 channel.wait(channel.post(peer, head, send=False), None, self._doing)
                 header = channel.decode(head, peer)
                 body = torch.empty(self._body_bytes(header), dtype=torch.uint8)
