@@ -23,6 +23,7 @@ import torch
 from afd_ascend_ops.reference import ReferenceOpProvider
 from afd_ascend_ops.reference.async_group import BATCH_INFO
 from afd_core.dataplane.op_provider import GroupSite
+from afd_core.kit.pairing import ALL_TO_ALL
 from afd_core.topology import Topology
 from tests.integration.store_opener import StoreGroupOpener
 
@@ -37,7 +38,7 @@ MAX_TOKENS = 16
 def open_rank(
     port: int, a: int, f: int, world_rank: int, stages: int = 1, timeout_s: float = 20.0
 ) -> tuple[ReferenceOpProvider, tuple[str, ...], Topology]:
-    topology = Topology(a, f, "expert")
+    topology = Topology(a, f, ALL_TO_ALL)
     opener = StoreGroupOpener(port, world_rank, topology.world_size, timeout_s)
     provider = ReferenceOpProvider("async")
     site = GroupSite(world_rank, topology.world_size, topology, timeout_s, opener)

@@ -20,6 +20,7 @@ from afd_core.config import AFDConfig, parse_afd_config
 from afd_core.connector import ExpertRouting, WireSpec
 from afd_core.errors import AFDConfigError, AFDProtocolError
 from afd_core.failures import Fuse
+from afd_core.kit.pairing import ALL_TO_ALL
 from afd_core.tools.cli import main
 from afd_core.wire.metadata import AFDDPMetadata, ControlPayload
 
@@ -70,7 +71,7 @@ def test_async_moe_ubatching_decides_the_stages_per_step(ubatching: bool, stages
     config = parse_afd_config(raw(connector_extra_config={"async_moe_ubatching": ubatching}))
     assert config.num_stages == stages
     assert config.splits_experts and config.expert_placement == "ceil"
-    assert config.topology.exchange == "expert"
+    assert config.topology.pairing == ALL_TO_ALL
 
 
 def test_its_recipe_has_no_control_plane_and_two_op_groups() -> None:

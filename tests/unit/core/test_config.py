@@ -11,6 +11,7 @@ import pytest
 
 from afd_core.config import ALIASES, KEYS, AFDConfig, afd_config_from_vllm, parse_afd_config
 from afd_core.errors import AFDConfigError, AFDInstallError
+from afd_core.kit.pairing import ALL_TO_ALL, BLOCK
 from tests.unit.core.fake_connectors import CONNECTORS
 
 BASE = {"role": "attention", "connector": "FakeP2P"}
@@ -343,9 +344,9 @@ def test_a_connector_class_without_a_pattern_type_is_a_plugin_error() -> None:
 
 def test_the_pattern_decides_the_rank_map_and_the_expert_split() -> None:
     block = parse(connector="FakeP2P")
-    assert block.expert_placement is None and block.topology.exchange == "block"
+    assert block.expert_placement is None and block.topology.pairing == BLOCK
     routed = parse(connector="FakeExpert", compute_gate_on_attention=True)
-    assert routed.expert_placement == "balanced" and routed.topology.exchange == "expert"
+    assert routed.expert_placement == "balanced" and routed.topology.pairing == ALL_TO_ALL
 
 
 def test_connector_whose_package_is_missing_is_an_install_error() -> None:

@@ -20,6 +20,7 @@ from afd_core.config import AFDConfig
 from afd_core.connector import WireSpec
 from afd_core.errors import AFDConfigError
 from afd_core.failures import Fuse
+from afd_core.kit.pairing import ALL_TO_ALL
 from afd_core.runtime.assembler import check_recipe
 from afd_core.topology import Topology
 from tests.unit.core.test_topology import BLOCKS
@@ -47,7 +48,7 @@ def test_p2p_block_liveness_peers_are_the_serving_ffn_rank_or_the_block():
 
 
 def test_expert_routed_pairs_every_attention_rank_with_every_ffn_rank_and_relays_steps():
-    topo = Topology(2, 3, "expert")  # fewer attention than FFN ranks is fine here
+    topo = Topology(2, 3, ALL_TO_ALL)  # fewer attention than FFN ranks is fine here
     assert EXPERT_ROUTED.ffn_peers(topo, 1) == (0, 1, 2)
     assert EXPERT_ROUTED.attention_peers(topo, 2) == (0, 1)
     assert EXPERT_ROUTED.announce_to(topo, 1) == (0,)

@@ -8,12 +8,13 @@ from afd_core import failures as failures_module
 from afd_core.dataplane.transport import TransferFailed
 from afd_core.errors import AFDPeerError
 from afd_core.failures import Fuse, PeerFailures
+from afd_core.kit.pairing import ALL_TO_ALL
 from afd_core.topology import Topology
 
 
 def explain(fuse: Fuse, reason: str) -> str:
     # World ranks: FFN 0, FFN 1, attention 0.
-    failures = PeerFailures(Topology(1, 2, "expert"), 30.0, fuse)
+    failures = PeerFailures(Topology(1, 2, ALL_TO_ALL), 30.0, fuse)
     return str(failures.error(TransferFailed(0, reason, "pair closed"), "layer 2 of step 0"))
 
 

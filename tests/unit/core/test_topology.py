@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from afd_core.errors import AFDConfigError
+from afd_core.kit.pairing import ALL_TO_ALL, BLOCK
 from afd_core.topology import Topology, attention_role_rank, ffn_role_rank
 
 # (A, F) -> the block of attention ranks of each FFN rank.
@@ -93,8 +94,23 @@ def test_every_ffn_worker_is_its_own_rank():
 
 
 def test_the_expert_rank_map_gives_every_ffn_rank_every_attention_rank():
-    topo = Topology(2, 3, "expert")  # fewer attention than FFN ranks is fine here
+    topo = Topology(2, 3, ALL_TO_ALL)  # fewer attention than FFN ranks is fine here
     assert [tuple(topo.block_of(f)) for f in range(3)] == [(0, 1)] * 3
     with pytest.raises(AFDConfigError, match="no single serving FFN rank"):
         topo.ffn_rank_of(0)
     assert "FFN 0 (world 0), which forwards each step" in topo.describe()
+
+
+@pytest.mark.parametrize("pairing", [BLOCK, ALL_TO_ALL], ids=lambda p: p.name)
+def test_each_pairing_answers_both_directions_alike(pairing):
+    """``f`` serves ``a`` exactly when ``f`` is among the FFN ranks of ``a``."""
+    for a in range(1, 9):
+        for f in range(1, 9):
+            if pairing.refusal(a, f) is not None:
+                assert pairing is BLOCK and a < f
+                continue
+            topo = Topology(a, f, pairing)
+            served = {(r, s) for s in range(f) for r in topo.block_of(s)}
+            asked = {(r, s) for r in range(a) for s in topo.ffn_ranks_of(r)}
+            assert served == asked
+            assert {r for r, _ in served} == set(range(a))

@@ -50,9 +50,10 @@ if TYPE_CHECKING:
     from afd_core.errors import AFDPeerError
     from afd_core.failures import Fuse, PeerFailures
     from afd_core.kit.endpoint_context import EndpointContext
+    from afd_core.kit.pairing import Pairing
     from afd_core.kit.peer_links import FFNLinks
     from afd_core.placement import PlacementRule
-    from afd_core.topology import ExchangePattern, Role, Topology
+    from afd_core.topology import Role, Topology
     from afd_core.wire.metadata import ControlPayload
 
 
@@ -262,10 +263,10 @@ class Pattern(ABC):
     ``afd check`` read them from the connector's :attr:`Connector.pattern_type
     <afd_core.connector.Connector.pattern_type>`), so they are class variables:
 
-    * ``expert_placement``: None when every FFN rank holds every expert (the ``"block"``
-      rank map of :mod:`afd_core.topology`: each FFN rank serves a block of attention
+    * ``expert_placement``: None when every FFN rank holds every expert (the block
+      pairing of :mod:`afd_core.kit.pairing`: each FFN rank serves a block of attention
       ranks), else the rule that splits the routed experts over the FFN ranks
-      (:mod:`afd_core.placement`; the ``"expert"`` rank map);
+      (:mod:`afd_core.placement`; the all-to-all pairing);
     * ``gate_on_attention``: None when the pattern takes either gate placement, else the
       ``compute_gate_on_attention`` its messages need, ``gate_reason`` saying why;
     * ``controls``: the control slots its endpoints work with (afd-core's patterns need
@@ -287,9 +288,12 @@ class Pattern(ABC):
     relays_steps: ClassVar[bool] = False
 
     @classmethod
-    def exchange(cls) -> ExchangePattern:
-        """The rank map this pattern's pairing needs (:mod:`afd_core.topology`)."""
-        return "block" if cls.expert_placement is None else "expert"
+    def pairing(cls) -> Pairing:
+        """The pairing this pattern's rank map uses (:mod:`afd_core.kit.pairing`): blocks
+        when every FFN rank holds every expert, else all-to-all."""
+        from afd_core.kit.pairing import ALL_TO_ALL, BLOCK
+
+        return BLOCK if cls.expert_placement is None else ALL_TO_ALL
 
     @classmethod
     def in_band(cls) -> bool:

@@ -2,16 +2,10 @@
 
 An AFD world holds ``num_ffn_ranks`` FFN ranks followed by ``num_attention_ranks``
 attention ranks (FFN first, so FFN rank 0 is world rank 0 and hosts the rendezvous
-store). Two rank maps, by where the connector puts the routed experts:
-
-* ``"block"`` (every FFN rank holds every expert): each FFN rank serves a contiguous
-  block of attention ranks; block sizes differ by at most one, larger blocks first, so
-  ``A >= F``.
-* ``"expert"`` (routed experts split over the FFN ranks, :mod:`afd_core.placement`):
-  every FFN rank serves every attention rank; any ``A`` and ``F``.
-
-Who exchanges data and control with whom is the exchange pattern's pairing rule (a
-connector's recipe, :mod:`afd_core.assembly`), built on these blocks.
+store). Which attention ranks an FFN rank serves is the pairing the connector's pattern
+uses (:mod:`afd_core.kit.pairing`: blocks of attention ranks, or every FFN rank with
+every attention rank); :class:`Topology` holds the sizes and the pairing and answers
+rank questions through it.
 
 Pure Python: no torch, no vLLM.
 """
@@ -22,44 +16,33 @@ from dataclasses import dataclass
 from typing import Literal
 
 from afd_core.errors import AFDConfigError
+from afd_core.kit.pairing import BLOCK, Pairing
 
 Role = Literal["attention", "ffn"]
 ROLES: tuple[Role, ...] = ("attention", "ffn")
-#: How a connector pairs the ranks (see the module docstring).
-ExchangePattern = Literal["block", "expert"]
-EXCHANGE_PATTERNS: tuple[ExchangePattern, ...] = ("block", "expert")
 
 
 @dataclass(frozen=True)
 class Topology:
-    """The static rank map for ``num_attention_ranks`` (A) and ``num_ffn_ranks`` (F).
-
-    With the ``"block"`` exchange it requires ``A >= F >= 1`` so that every FFN rank
-    serves at least one attention rank; with ``"expert"`` any ``A, F >= 1``.
+    """The static rank map for ``num_attention_ranks`` (A) and ``num_ffn_ranks`` (F),
+    paired by ``pairing`` (``A, F >= 1``, and whatever the pairing requires: blocks need
+    ``A >= F``).
     """
 
     num_attention_ranks: int
     num_ffn_ranks: int
-    exchange: ExchangePattern = "block"
+    pairing: Pairing = BLOCK
 
     def __post_init__(self) -> None:
         a, f = self.num_attention_ranks, self.num_ffn_ranks
-        if self.exchange not in EXCHANGE_PATTERNS:
-            raise AFDConfigError(
-                f"AFD topology: exchange pattern {self.exchange!r} is not one of "
-                f"{list(EXCHANGE_PATTERNS)}"
-            )
         if f < 1 or a < 1:
             raise AFDConfigError(
                 f"AFD topology: num_attention_ranks ({a}) and num_ffn_ranks ({f}) "
                 "must both be positive integers"
             )
-        if a < f and self.exchange == "block":
-            raise AFDConfigError(
-                f"AFD topology: num_attention_ranks ({a}) must be >= num_ffn_ranks ({f}), "
-                "since every FFN rank serves at least one attention rank; add attention "
-                "ranks or use fewer FFN ranks"
-            )
+        refusal = self.pairing.refusal(a, f)
+        if refusal is not None:
+            raise AFDConfigError(f"AFD topology: {refusal}")
 
     @property
     def world_size(self) -> int:
@@ -67,40 +50,30 @@ class Topology:
         return self.num_attention_ranks + self.num_ffn_ranks
 
     def block_of(self, ffn_rank: int) -> range:
-        """The attention ranks served by ``ffn_rank``, as a contiguous range.
-
-        The first ``A % F`` blocks have ``A // F + 1`` ranks, the others ``A // F``.
-        With the ``"expert"`` exchange every FFN rank serves every attention rank.
-        """
+        """The attention ranks served by ``ffn_rank``, as a contiguous range (its block;
+        every attention rank when the pairing is all-to-all)."""
         self._check_rank("ffn", ffn_rank)
-        if self.exchange == "expert":
-            return range(self.num_attention_ranks)
-        base, extra = divmod(self.num_attention_ranks, self.num_ffn_ranks)
-        start = ffn_rank * base + min(ffn_rank, extra)
-        size = base + (1 if ffn_rank < extra else 0)
-        return range(start, start + size)
+        return self.pairing.attention_ranks_of(
+            ffn_rank, self.num_attention_ranks, self.num_ffn_ranks
+        )
 
     def ffn_rank_of(self, attention_rank: int) -> int:
-        """The FFN rank that serves ``attention_rank`` (``"block"`` exchange only)."""
-        self._check_rank("attention", attention_rank)
-        if self.exchange == "expert":
+        """The one FFN rank that serves ``attention_rank``; AFDConfigError when the
+        pairing gives it several (all-to-all)."""
+        ranks = self.ffn_ranks_of(attention_rank)
+        if len(ranks) != 1:
             raise AFDConfigError(
-                "AFD topology: with the expert exchange every FFN rank serves every attention "
-                "rank; there is no single serving FFN rank"
+                f"AFD topology: with the {self.pairing.name} pairing every FFN rank serves "
+                "every attention rank; there is no single serving FFN rank"
             )
-        base, extra = divmod(self.num_attention_ranks, self.num_ffn_ranks)
-        big = extra * (base + 1)  # attention ranks covered by the larger blocks
-        if attention_rank < big:
-            return attention_rank // (base + 1)
-        return extra + (attention_rank - big) // base
+        return ranks[0]
 
     def ffn_ranks_of(self, attention_rank: int) -> tuple[int, ...]:
-        """The FFN ranks that serve ``attention_rank``: the one of its block, or with the
-        ``"expert"`` exchange every FFN rank."""
-        if self.exchange == "expert":
-            self._check_rank("attention", attention_rank)
-            return tuple(range(self.num_ffn_ranks))
-        return (self.ffn_rank_of(attention_rank),)
+        """The FFN ranks that serve ``attention_rank``, ascending."""
+        self._check_rank("attention", attention_rank)
+        return self.pairing.ffn_ranks_of(
+            attention_rank, self.num_attention_ranks, self.num_ffn_ranks
+        )
 
     def world_rank(self, role: Role, role_rank: int) -> int:
         """World rank of ``role_rank`` of ``role`` (FFN ranks first)."""
@@ -137,20 +110,8 @@ class Topology:
             f"AFD world: {self.world_size} ranks "
             f"({self.num_ffn_ranks} FFN first, then {self.num_attention_ranks} attention)"
         ]
-        if self.exchange == "expert":
-            lines.append(
-                "  expert exchange: every attention rank sends each token to the FFN ranks "
-                "holding its experts"
-            )
-            lines.append(
-                "  control payloads of every attention rank go to FFN 0 (world 0), which "
-                "forwards each step to the other FFN ranks"
-                if announced
-                else "  no control plane: each dispatch carries its layer and counts; every FFN "
-                "rank serves each attention rank's dispatches as they arrive (async DP)"
-            )
-            return "\n".join(lines)
-        for f in range(self.num_ffn_ranks):
+        lines.extend(self.pairing.summary(announced))
+        for f in range(self.num_ffn_ranks if self.pairing.lists_ranks else 0):
             block = self.block_of(f)
             attn = ", ".join(
                 f"attention {a} (world {self.world_rank('attention', a)})" for a in block

@@ -55,6 +55,7 @@ from afd_ascend_ops.reference.channel import MessageChannel, check_positive, wir
 from afd_ascend_ops.schemas import blocks_per_ffn_rank
 from afd_core.errors import AFDConfigError, AFDProtocolError
 from afd_core.failures import guarded
+from afd_core.kit.pairing import BLOCK
 
 #: The end of a mispaired message's error.
 MISPAIRED = (
@@ -397,10 +398,10 @@ class ReferenceGroup:
                 f"opened for {ours[0]} FFN ranks, {ours[1]} attention ranks and world rank "
                 f"{ours[2]}; pass the world's facts (FFN ranks first)"
             )
-        if topology.exchange != "block":
+        if topology.pairing != BLOCK:
             raise AFDConfigError(
                 f"afd_ascend::{op} on group {self.name!r}: a2e/e2a pair ranks in blocks, "
-                f"but this world uses the {topology.exchange!r} exchange"
+                f"but this world uses the {topology.pairing.name!r} pairing"
             )
         return blocks_per_ffn_rank(attention_ranks, ffn_ranks)
 

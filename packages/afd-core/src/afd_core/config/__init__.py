@@ -35,9 +35,10 @@ from afd_core.config.stages import (
 )
 from afd_core.connector import Connector
 from afd_core.errors import AFDConfigError, AFDInstallError
+from afd_core.kit.pairing import ALL_TO_ALL, BLOCK
 from afd_core.placement import PlacementRule
 from afd_core.plugins.specs import ConnectorSpec
-from afd_core.topology import ROLES, ExchangePattern, Role, Topology
+from afd_core.topology import ROLES, Role, Topology
 
 #: Every key ``additional_config["afd"]`` accepts, in documentation order.
 KEYS: tuple[str, ...] = (
@@ -126,8 +127,8 @@ class AFDConfig:
     @property
     def topology(self) -> Topology:
         """The rank map of this deployment."""
-        exchange: ExchangePattern = "expert" if self.splits_experts else "block"
-        return Topology(self.num_attention_ranks, self.num_ffn_ranks, exchange)
+        pairing = ALL_TO_ALL if self.splits_experts else BLOCK
+        return Topology(self.num_attention_ranks, self.num_ffn_ranks, pairing)
 
     @property
     def stage_policy(self) -> StagePolicy:
@@ -391,15 +392,11 @@ def _parse_topology(
 ) -> Topology:
     num_attention_ranks = _parse_int(values, "num_attention_ranks")
     num_ffn_ranks = _parse_int(values, "num_ffn_ranks")
-    exchange = cls.pattern_type.exchange()
     try:
-        return Topology(num_attention_ranks, num_ffn_ranks, exchange)
+        return Topology(num_attention_ranks, num_ffn_ranks, cls.pattern_type.pairing())
     except AFDConfigError as exc:
         reason = str(exc).removeprefix("AFD topology: ")
-        if exchange == "block":
-            reason = reason.replace(
-                "use fewer FFN ranks", f"use fewer FFN ranks ({spec.name} pairs ranks in blocks)"
-            )
+        reason = reason.replace("(the connector pairs", f"({spec.name} pairs")
         raise AFDConfigError(f"AFD config: {reason}") from exc
 
 
