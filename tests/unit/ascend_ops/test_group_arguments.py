@@ -7,9 +7,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from afd_ascend_ops.reference.channel import MessageChannel  # noqa: E402
+from afd_ascend_ops.header import OpsHeader  # noqa: E402
 from afd_ascend_ops.reference.group import MISPAIRED, ReferenceGroup  # noqa: E402
 from afd_core.errors import AFDProtocolError  # noqa: E402
+from afd_core.kit.channel import MessageChannel  # noqa: E402
 from afd_core.topology import Topology  # noqa: E402
 from tests.unit.ascend_ops.recording import RecordingTransport  # noqa: E402
 
@@ -18,7 +19,16 @@ H = 8
 
 def group(world_rank: int) -> ReferenceGroup:
     """A group of 1 FFN and 2 attention ranks, as world rank ``world_rank`` sees it."""
-    channel = MessageChannel("g", RecordingTransport(), world_rank, Topology(2, 1), 5.0, MISPAIRED)
+    channel = MessageChannel(
+        "afd_ascend",
+        OpsHeader,
+        "g",
+        RecordingTransport(),
+        world_rank,
+        Topology(2, 1),
+        5.0,
+        MISPAIRED,
+    )
     return ReferenceGroup(channel)
 
 

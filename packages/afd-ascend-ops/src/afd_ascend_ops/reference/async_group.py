@@ -53,12 +53,13 @@ from dataclasses import dataclass
 import torch
 
 from afd_ascend_ops.header import OpsHeader
+from afd_ascend_ops.reference.arguments import check_positive, wire_dtype
 from afd_ascend_ops.reference.bodies import TORCH_DTYPES, rows_as_bytes
-from afd_ascend_ops.reference.channel import MessageChannel, check_positive, wire_dtype
 from afd_ascend_ops.reference.inbox import Inbox
 from afd_ascend_ops.schemas import BATCH_INFO_FIELDS, batch_info_size, dispatch_capacity
 from afd_core.errors import AFDConfigError, AFDProtocolError
 from afd_core.failures import guarded
+from afd_core.kit.channel import MessageChannel
 
 #: ``batch_info`` of ``dispatch_recv`` (int64), its first :data:`BATCH_INFO_FIELDS`
 #: entries by index; then the tokens of each attention TP rank (the sender counts as TP
@@ -114,7 +115,7 @@ class AsyncGroup:
     its transport: :meth:`close` closes them.
     """
 
-    def __init__(self, channel: MessageChannel) -> None:
+    def __init__(self, channel: MessageChannel[OpsHeader]) -> None:
         self._channel = channel
         self._fuse = channel.fuse
         self._lock = threading.Lock()

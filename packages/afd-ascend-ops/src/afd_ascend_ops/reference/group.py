@@ -44,6 +44,7 @@ import time
 import torch
 
 from afd_ascend_ops.header import OpsHeader
+from afd_ascend_ops.reference.arguments import check_positive, wire_dtype
 from afd_ascend_ops.reference.bodies import (
     ROUTING_ENTRY_BYTES,
     WIRE_TORCH_DTYPES,
@@ -51,10 +52,10 @@ from afd_ascend_ops.reference.bodies import (
     routing_from_bytes,
     rows_as_bytes,
 )
-from afd_ascend_ops.reference.channel import MessageChannel, check_positive, wire_dtype
 from afd_ascend_ops.schemas import blocks_per_ffn_rank
 from afd_core.errors import AFDConfigError, AFDProtocolError
 from afd_core.failures import guarded
+from afd_core.kit.channel import MessageChannel
 from afd_core.kit.pairing import BLOCK
 
 #: The end of a mispaired message's error.
@@ -73,7 +74,7 @@ class ReferenceGroup:
     its transport: :meth:`close` closes them.
     """
 
-    def __init__(self, channel: MessageChannel) -> None:
+    def __init__(self, channel: MessageChannel[OpsHeader]) -> None:
         self._channel = channel
         self._fuse = channel.fuse
         self._lock = threading.Lock()

@@ -29,7 +29,7 @@ from afd_ascend_ops.header import OpsHeader
 from afd_core.errors import AFDShutdown
 
 if TYPE_CHECKING:
-    from afd_ascend_ops.reference.channel import MessageChannel
+    from afd_core.kit.channel import MessageChannel
 
 #: Seconds :meth:`Inbox.close` waits for each reader thread.
 JOIN_TIMEOUT_S = 2.0
@@ -44,7 +44,7 @@ class Inbox:
 
     def __init__(
         self,
-        channel: MessageChannel,
+        channel: MessageChannel[OpsHeader],
         peers: tuple[int, ...],
         body_bytes: Callable[[OpsHeader], int],
         doing: str,

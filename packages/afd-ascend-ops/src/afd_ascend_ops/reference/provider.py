@@ -74,9 +74,10 @@ class ReferenceOpProvider(OpProvider):
         """
         # Importing the ops registers them: the names are useless without them.
         import afd_ascend_ops.ops  # noqa: F401
+        from afd_ascend_ops.header import OpsHeader
         from afd_ascend_ops.reference import async_group
         from afd_ascend_ops.reference import group as p2p_group
-        from afd_ascend_ops.reference.channel import MessageChannel
+        from afd_core.kit.channel import MessageChannel
 
         if self._family == "p2p":
             kind, mispaired = p2p_group.ReferenceGroup, p2p_group.MISPAIRED
@@ -103,7 +104,14 @@ class ReferenceOpProvider(OpProvider):
                 transport = site.opener.open_gloo(stage_prefix(stage))
                 name = f"afd_ascend-ref-{self._family}-{token}-stage{stage}"
                 channel = MessageChannel(
-                    name, transport, site.world_rank, site.topology, site.timeout_s, mispaired
+                    "afd_ascend",
+                    OpsHeader,
+                    name,
+                    transport,
+                    site.world_rank,
+                    site.topology,
+                    site.timeout_s,
+                    mispaired,
                 )
                 opened.append(kind(channel))
                 registry.register(name, opened[-1])

@@ -17,15 +17,17 @@ Pure Python: no torch, no vLLM.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import Protocol
 
 
 class Pairing(Protocol):
     """A pairing rule over ``a`` attention ranks and ``f`` FFN ranks (both >= 1, ranks
     already checked by the caller)."""
 
-    #: The rule's name in ``afd check`` and errors.
-    name: str
+    @property
+    def name(self) -> str:
+        """The rule's name in ``afd check`` and errors."""
+        ...
 
     def refusal(self, a: int, f: int) -> str | None:
         """Why ``a`` attention ranks and ``f`` FFN ranks cannot pair, or None."""
@@ -54,8 +56,13 @@ class Pairing(Protocol):
 class BlockPairing:
     """FFN rank ``f`` serves the ``f``-th contiguous block of attention ranks."""
 
-    name: ClassVar[str] = "block"
-    lists_ranks: ClassVar[bool] = True
+    @property
+    def name(self) -> str:
+        return "block"
+
+    @property
+    def lists_ranks(self) -> bool:
+        return True
 
     def refusal(self, a: int, f: int) -> str | None:
         if a >= f:
@@ -86,8 +93,13 @@ class BlockPairing:
 class AllToAllPairing:
     """Every FFN rank serves every attention rank (each holds a part of the experts)."""
 
-    name: ClassVar[str] = "all-to-all"
-    lists_ranks: ClassVar[bool] = False
+    @property
+    def name(self) -> str:
+        return "all-to-all"
+
+    @property
+    def lists_ranks(self) -> bool:
+        return False
 
     def refusal(self, a: int, f: int) -> str | None:
         return None

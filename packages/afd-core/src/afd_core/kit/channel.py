@@ -1,22 +1,26 @@
-"""The message layer every reference group shares: headed messages to and from world ranks.
+"""Headed messages between world ranks over a transport: :class:`MessageChannel`.
 
-A :class:`MessageChannel` wraps one stage's transport over the whole AFD world (FFN ranks
-first) and gives the reference kernels of both op families (``a2e``/``e2a`` in
-:mod:`~afd_ascend_ops.reference.group`, the CAM async ops in
-:mod:`~afd_ascend_ops.reference.async_group`) the same rules:
+A pattern, or a reference kernel that must behave like a device kernel, that moves
+fixed-size headers and bodies between ranks keeps the same rules, written here once:
 
-* every message is a :class:`~afd_ascend_ops.header.OpsHeader` and at most one body
-  whose size the header gives (a receive is posted only once its size is known: gloo
-  aborts the receiving process on a message larger than the receive);
-* ``seq`` is the call number of this rank on this channel with that peer (both sides
-  count every call between them alike, sends and receives);
-* sends stay pending until the next call with that peer finishes them (the caller may
-  change its tensors meanwhile: bodies are private copies);
+* every message is a header of a :class:`Header` type and bodies whose sizes the header
+  (or what both sides know) gives: a receive is posted only once its size is known
+  (gloo aborts the receiving process on a message larger than the receive);
+* ``seq`` is the call number of this rank on this channel with that peer
+  (:meth:`MessageChannel.next_call`; both sides count every call between them alike);
+* sends stay pending until the next call with that peer finishes them
+  (:meth:`MessageChannel.finish_sends`; the bodies the caller passes must stay unchanged
+  until then);
 * every wait ends by a deadline; a lost peer or that deadline raises AFDPeerError naming
-  the peer and the call, :meth:`interrupt` makes blocked and later calls raise
-  AFDShutdown, and after any AFD error the owner refuses further calls (``guarded``);
+  the peer and the call, :meth:`MessageChannel.interrupt` makes blocked and later calls
+  raise AFDShutdown;
 * a received header that differs from the expected one raises AFDProtocolError naming
-  both views and the owner's advice.
+  both views, the sender, and the owner's advice.
+
+Users: afd-ascend-ops' reference kernels (the ``"AFDA"`` :class:`OpsHeader
+<afd_ascend_ops.header.OpsHeader>`), and third-party patterns (the example plugin's).
+Not thread-safe: the owner calls it under its own lock (``interrupt`` and ``close`` may
+run on any thread).
 """
 
 from __future__ import annotations
@@ -24,43 +28,84 @@ from __future__ import annotations
 import ctypes
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar, Generic, Protocol, Self, TypeVar
 
 import torch
 
-from afd_ascend_ops.header import Op, OpsHeader
-from afd_ascend_ops.reference.bodies import TORCH_DTYPES, WIRE_TORCH_DTYPES
 from afd_core.dataplane.transport import Transfer, TransferFailed
 from afd_core.errors import AFDProtocolError
 from afd_core.failures import Fuse, PeerFailures
 from afd_core.topology import Topology
 
 if TYPE_CHECKING:
+    from typing import Self
+
     from afd_core.dataplane.transport import Transport
+
+
+class Header(Protocol):
+    """A fixed-size message header a :class:`MessageChannel` carries."""
+
+    #: Bytes of the encoded header.
+    SIZE: ClassVar[int]
+
+    @property
+    def op(self) -> str:
+        """What the message is (errors name it: ``"a2e"``, ``"layer"``)."""
+        ...
+
+    @property
+    def seq(self) -> int:
+        """The sender's call number with the receiver on this channel."""
+        ...
+
+    @property
+    def source(self) -> int:
+        """The sender's world rank."""
+        ...
+
+    def encode(self) -> bytes:
+        """The :attr:`SIZE`-byte wire form."""
+        ...
+
+    @classmethod
+    def decode(cls, data: bytes) -> Self:
+        """Parse :attr:`SIZE` bytes; AFDProtocolError for anything malformed."""
+        ...
+
+    def differences(self, expected: Self, *, ignore: tuple[str, ...] = ()) -> list[str]:
+        """``"field: sent X, expected Y"`` for every field (not in ``ignore``) where this
+        received header differs from ``expected``."""
+        ...
+
+
+H = TypeVar("H", bound=Header)
 
 
 @dataclass
 class _Pending:
     """Sends of one call to one peer, still in flight, and the tensors they read."""
 
-    op: Op
+    op: str
     seq: int
     transfers: list[Transfer]
     tensors: list[torch.Tensor]
 
 
-class MessageChannel:
+class MessageChannel(Generic[H]):
     """Headed messages of one group (see the module docstring).
 
-    ``transport`` spans the world (its ranks are world ranks), ``world_rank`` is this
-    process's rank in it (``role`` and ``role_rank`` its place), ``topology`` the world's
-    rank map, ``timeout_s`` the AFD timeout; ``mispaired`` is the advice a mismatched
-    header's error ends with. The channel owns the transport. Not thread-safe: the owner
-    calls it under its own lock (``interrupt`` and ``close`` may run on any thread).
+    ``owner`` names who uses the channel in errors (``"afd_ascend"``); ``header`` is the
+    header type; ``transport`` spans the world (its ranks are world ranks);
+    ``world_rank`` is this process's rank in it (``role`` and ``role_rank`` its place);
+    ``topology`` the world's rank map; ``timeout_s`` the AFD timeout; ``mispaired`` the
+    advice a mismatched header's error ends with. The channel owns the transport.
     """
 
     def __init__(
         self,
+        owner: str,
+        header: type[H],
         name: str,
         transport: Transport,
         world_rank: int,
@@ -68,12 +113,14 @@ class MessageChannel:
         timeout_s: float,
         mispaired: str,
     ) -> None:
+        self.owner = owner
         self.name = name
         self.world_rank = world_rank
         self.topology = topology
         self.timeout_s = timeout_s
         self.role, self.role_rank = topology.role_of_world_rank(world_rank)
-        self.fuse = Fuse(f"afd_ascend group {name!r}")
+        self.fuse = Fuse(f"{owner} group {name!r}")
+        self._header = header
         self._transport = transport
         self._failures = PeerFailures(topology, timeout_s, self.fuse)
         self._mispaired = mispaired
@@ -115,7 +162,7 @@ class MessageChannel:
         self._calls[peer] = seq + 1
         return seq
 
-    def send(self, peer: int, header: OpsHeader, bodies: list[torch.Tensor]) -> None:
+    def send(self, peer: int, header: H, bodies: list[torch.Tensor]) -> None:
         """Post ``header`` and ``bodies`` to ``peer``; they stay pending until
         :meth:`finish_sends` of that peer."""
         head = torch.frombuffer(bytearray(header.encode()), dtype=torch.uint8)
@@ -150,49 +197,31 @@ class MessageChannel:
             error = self._failures.error(failure, doing, transfer.peer)
         raise error
 
-    def decode(self, head: torch.Tensor, sender: int) -> OpsHeader:
+    def header_buffer(self) -> torch.Tensor:
+        """A buffer to receive one header into."""
+        return torch.empty(self._header.SIZE, dtype=torch.uint8)
+
+    def decode(self, head: torch.Tensor, sender: int) -> H:
         """The header in ``head``; AFDProtocolError naming ``sender`` for a bad one."""
-        raw = ctypes.string_at(head.data_ptr(), OpsHeader.SIZE)
+        raw = ctypes.string_at(head.data_ptr(), self._header.SIZE)
         try:
-            return OpsHeader.decode(raw)
+            return self._header.decode(raw)
         except AFDProtocolError as exc:
             raise AFDProtocolError(
                 f"{exc} [sent by {self.describe(sender)} to {self.me()}]"
             ) from None
 
-    def check(
-        self, head: torch.Tensor, expected: OpsHeader, *, ignore: tuple[str, ...] = ()
-    ) -> OpsHeader:
+    def check(self, head: torch.Tensor, expected: H, *, ignore: tuple[str, ...] = ()) -> H:
         """The received header in ``head``; AFDProtocolError unless it is ``expected``."""
         return self.compare(self.decode(head, expected.source), expected, ignore=ignore)
 
-    def compare(
-        self, header: OpsHeader, expected: OpsHeader, *, ignore: tuple[str, ...] = ()
-    ) -> OpsHeader:
+    def compare(self, header: H, expected: H, *, ignore: tuple[str, ...] = ()) -> H:
         """``header``; AFDProtocolError naming both views unless it is ``expected``."""
         diffs = header.differences(expected, ignore=ignore)
         if diffs:
             raise AFDProtocolError(
-                f"afd_ascend::{expected.op} on group {self.name!r}: the message "
+                f"{self.owner}::{expected.op} on group {self.name!r}: the message "
                 f"{self.describe(expected.source)} sent differs from what {self.me()} "
                 f"expects: {'; '.join(diffs)}. {self._mispaired}"
             )
         return header
-
-
-def wire_dtype(op: str, group: str, name: str, tensor: torch.Tensor) -> str:
-    """The wire name of ``tensor``'s dtype; ValueError for a tensor the CPU reference
-    kernels cannot move."""
-    dtype = WIRE_TORCH_DTYPES.get(tensor.dtype)
-    if dtype is None or tensor.device.type != "cpu":
-        raise ValueError(
-            f"afd_ascend::{op} on group {group!r}: the CPU reference kernel moves CPU tensors "
-            f"of {sorted(TORCH_DTYPES)}; {name} is {tensor.dtype} on {tensor.device}"
-        )
-    return dtype
-
-
-def check_positive(op: str, name: str, value: int) -> None:
-    """ValueError unless ``value`` is positive."""
-    if value <= 0:
-        raise ValueError(f"afd_ascend::{op}: {name} must be positive, not {value}")
