@@ -195,7 +195,7 @@ def serve_graph_steps(port: int, gate: bool) -> dict[str, Any]:
     """FFN rank: eager steps by hand, graph steps through FFNStepGraphs (one graph kept)."""
     import torch
 
-    from afd_ffn.graphs import FFNStepGraphs
+    from afd_ffn.loops.graph_steps import FFNStepGraphs
     from afd_ffn.stats import FFNStats
 
     conn = connect("ffn", port, FFN_DEVICE, gate)

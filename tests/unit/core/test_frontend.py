@@ -1,4 +1,4 @@
-"""The frontend link: a recorded failure is a non-zero exit, descendants end with the frontend.
+"""The frontend watch: a recorded failure is a non-zero exit, descendants end with the frontend.
 
 Real processes (``python -c``), no vLLM: the frontend, its child and grandchild are what
 vLLM's API server, engine core and worker are to each other.

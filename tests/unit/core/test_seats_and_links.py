@@ -144,11 +144,11 @@ def test_a_follower_that_lets_a_link_go_first_waits_for_the_next_generation(monk
     failures = links.get(1).failures
     replacement = AttentionLink(1, 1, None, None, failures, 1, RecordingWorld())  # type: ignore[arg-type]
 
-    def open_link(rank: int, generation: int) -> AttentionLink:
+    def open_link_world(rank: int, generation: int) -> AttentionLink:
         opened.append((rank, generation))
         return replacement
 
-    acceptor = links_module.LinkAcceptor(links, s, (1,), open_link, timeout_s=5.0)
+    acceptor = links_module.LinkAcceptor(links, s, (1,), open_link_world, timeout_s=5.0)
     acceptor.start()
     try:
         assert links.lose(links.get(1), AFDPeerError("attention rank 1 left"))

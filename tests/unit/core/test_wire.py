@@ -8,7 +8,7 @@ import pytest
 
 from afd_core.connector import WireSpec
 from afd_core.errors import AFDProtocolError
-from afd_core.runtime.control.assembler import StepAssembler
+from afd_core.runtime.control.step_merger import StepMerger
 from afd_core.topology import Topology
 from afd_core.wire import (
     CONTROL_MESSAGE_BYTES,
@@ -129,46 +129,46 @@ def test_describe_rank_gives_role_rank_and_world_rank():
 
 
 def test_a_step_takes_the_ready_ranks_in_block_order():
-    assembler = StepAssembler(range(2, 5))
-    step = assembler.assemble({4: payload(4, 9, 1), 2: payload(2, 0, 3)})
+    merger = StepMerger(range(2, 5))
+    step = merger.merge({4: payload(4, 9, 1), 2: payload(2, 0, 3)})
     assert step.attention_ranks == (2, 4)
     assert step.tokens == ((3,), (1,))
     assert [p.step_id for p in step.payloads] == [0, 9]
 
 
 def test_step_ids_of_each_rank_must_increase_by_one():
-    assembler = StepAssembler(range(2))
-    assembler.assemble({0: payload(0, 5, 1)})
-    assembler.assemble({0: payload(0, 6, 1), 1: payload(1, 40, 2)})  # rank 1 starts anywhere
+    merger = StepMerger(range(2))
+    merger.merge({0: payload(0, 5, 1)})
+    merger.merge({0: payload(0, 6, 1), 1: payload(1, 40, 2)})  # rank 1 starts anywhere
     with pytest.raises(AFDProtocolError, match="attention rank 0 sent step 8 after step 6"):
-        assembler.assemble({0: payload(0, 8, 1)})
+        merger.merge({0: payload(0, 8, 1)})
     with pytest.raises(AFDProtocolError, match="sent step 40 after step 40"):
-        assembler.assemble({1: payload(1, 40, 1)})
-    assembler.assemble({0: payload(0, 7, 1)})  # a refused step changes nothing
+        merger.merge({1: payload(1, 40, 1)})
+    merger.merge({0: payload(0, 7, 1)})  # a refused step changes nothing
 
 
 def test_ranks_of_one_step_must_run_the_same_number_of_stages():
-    assembler = StepAssembler(range(2))
+    merger = StepMerger(range(2))
     with pytest.raises(AFDProtocolError, match=r"attention rank 0 runs 1 stage.*rank 1 runs 2"):
-        assembler.assemble({0: payload(0, 0, 1), 1: payload(1, 0, 1, 1)})
+        merger.merge({0: payload(0, 0, 1), 1: payload(1, 0, 1, 1)})
 
 
 def test_payloads_from_outside_the_block_or_signed_by_another_rank_are_rejected():
-    assembler = StepAssembler(range(2))
+    merger = StepMerger(range(2))
     with pytest.raises(
         AFDProtocolError,
         match=r"attention ranks \[2\] reached an FFN rank "
         r"serving \[0, 1\]",
     ):
-        assembler.assemble({2: payload(2, 0, 1)})
+        merger.merge({2: payload(2, 0, 1)})
     with pytest.raises(AFDProtocolError, match="signed by attention rank 0"):
-        assembler.assemble({1: ControlPayload(0, 0, (AFDDPMetadata(0, (1, 1)),))})
+        merger.merge({1: ControlPayload(0, 0, (AFDDPMetadata(0, (1, 1)),))})
 
 
 def test_a_payload_of_a_whole_dp_group_yields_this_ranks_counts():
-    assembler = StepAssembler(range(1, 2))
+    merger = StepMerger(range(1, 2))
     group = ControlPayload(0, 1, (AFDDPMetadata(0, (4, 6, 8)),))
-    assert assembler.assemble({1: group}).tokens == ((6,),)
+    assert merger.merge({1: group}).tokens == ((6,),)
 
 
 def test_step_messages_carry_every_payload_of_a_step_and_its_generation_in_a_fixed_size():

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 from afd_core.connector import FFNStep, WireSpec  # noqa: E402
 from afd_core.wire.metadata import AFDDPMetadata, ControlPayload  # noqa: E402
-from afd_ffn.graphs import FFNStepGraphs, _CapturedStep, shape_key  # noqa: E402
+from afd_ffn.loops.graph_steps import FFNStepGraphs, _CapturedStep, shape_key  # noqa: E402
 from afd_ffn.stats import FFNStats  # noqa: E402
 
 WIRE = WireSpec(hidden_size=4, dtype="float32", num_exchange_layers=2)

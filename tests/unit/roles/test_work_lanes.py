@@ -7,7 +7,7 @@ import threading
 
 from afd_core.connector import FFNWorkEndpoint, FFNWorkItem
 from afd_core.errors import AFDPeerError, AFDShutdown
-from afd_ffn.work_lanes import WorkLanes
+from afd_ffn.loops.work_lanes import WorkLanes
 
 
 class FakeEndpoint(FFNWorkEndpoint):

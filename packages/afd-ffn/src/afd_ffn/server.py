@@ -4,13 +4,13 @@ An FFN rank has no scheduler and no KV cache. Its :class:`FFNServer` thread
 (``afd-ffn-server``) does the rendezvous, then serves the connector with one of two
 loops until the connector ends:
 
-* :class:`~afd_ffn.step_loop.StepLoop` for a connector that announces steps (the
-  layer-major step loop; CUDA graph steps in :mod:`afd_ffn.graphs`);
-* :class:`~afd_ffn.work_lanes.WorkLanes` for a connector without a control plane
+* :class:`~afd_ffn.loops.step_loop.StepLoop` for a connector that announces steps (the
+  layer-major step loop; CUDA graph steps in :mod:`afd_ffn.loops.graph_steps`);
+* :class:`~afd_ffn.loops.work_lanes.WorkLanes` for a connector without a control plane
   (:class:`~afd_core.connector.FFNWorkEndpoint`): a thread per lane, each item through
-  :class:`~afd_ffn.work_lanes.WorkItemServer`.
+  :class:`~afd_ffn.loops.work_lanes.WorkItemServer`.
 
-Both compute through one :class:`~afd_ffn.compute.LayerCompute` (the move to the compute
+Both compute through one :class:`~afd_ffn.loops.compute.LayerCompute` (the move to the compute
 device, the batch context, the compute range). Each step runs inside the compute context
 (vLLM: ``torch.inference_mode()``, ``set_forward_context(None, vllm_config)`` and, on
 CUDA, the worker's device as the thread's current device; the MoE layers find themselves
@@ -60,11 +60,11 @@ from afd_core.errors import AFDConfigError, AFDPeerError, AFDProtocolError, AFDS
 from afd_core.kit.peer_links import loss_record
 from afd_core.workers.process_exit import exit_worker_process
 from afd_core.workers.setup import role_worker_setup
-from afd_ffn.compute import LayerCompute
-from afd_ffn.graphs import FFNStepGraphs
+from afd_ffn.loops.compute import LayerCompute
+from afd_ffn.loops.graph_steps import FFNStepGraphs
+from afd_ffn.loops.step_loop import StepLoop
+from afd_ffn.loops.work_lanes import WorkItemServer, WorkLanes
 from afd_ffn.stats import FFNStats
-from afd_ffn.step_loop import StepLoop
-from afd_ffn.work_lanes import WorkItemServer, WorkLanes
 from afd_models.roles import FFNModel
 
 # A child of vLLM's logger, so vLLM's logging config (handler, level, format) applies.
@@ -99,7 +99,7 @@ class FFNServer:
     ``on_failure`` is called on the server thread after a failure was recorded and the
     connector closed. ``device`` (a ``torch.device``, or None to leave tensors where the
     connector put them) is where the model computes: received tensors are moved there.
-    On a CUDA ``device`` graph steps are served by :class:`~afd_ffn.graphs.FFNStepGraphs`
+    On a CUDA ``device`` graph steps are served by :class:`~afd_ffn.loops.graph_steps.FFNStepGraphs`
     with at most ``max_cuda_graphs`` captured graphs; elsewhere a graph step is an error.
     ``reconnect`` builds a fresh, uninitialised connector of the same config for a new
     rendezvous after the attention ranks left; with None (or ``idle_limit_s`` 0) their

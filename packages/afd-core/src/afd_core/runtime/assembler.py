@@ -42,7 +42,7 @@ from afd_core.runtime.world import (
     World,
     join_session,
     open_ffn_group,
-    open_link,
+    open_link_world,
     open_world,
     peer_departed,
     peer_lost,
@@ -263,7 +263,7 @@ def _attention_on_links(spec: RuntimeSpec, recipe: Recipe, parts: Parts) -> obje
         peer_departed(spec, world, peer, error)
 
     for f in pattern.ffn_peers(topology, spec.role_rank):
-        world = open_link(
+        world = open_link_world(
             spec, recipe.data.open, session, spec.role_rank, f, generation,
             on_lost=lost, on_departed=departed,
         )  # fmt: skip

@@ -7,7 +7,7 @@ An :class:`~afd_core.kit.peer_links.AttentionLink` (the contract's record) is ho
 rank reaches one attention rank: the control and data transports it uses, that rank's
 number on them and how to name it in errors.
 Either every link shares the connector's one world (P2P over NCCL, the expert exchange)
-or each has a world of its own (:func:`afd_core.runtime.world.open_link`: P2P over gloo).
+or each has a world of its own (:func:`afd_core.runtime.world.open_link_world`: P2P over gloo).
 
 :class:`BlockLinks` holds them (it is the runtime's :class:`~afd_core.kit.peer_links.FFNLinks`)
 and decides what losing one means:
@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 from afd_core.errors import AFDError, AFDPeerError
 from afd_core.kit.peer_links import AttentionLink
 from afd_core.runtime import seats
-from afd_core.runtime.world import ATTENTION_ON_LINK, open_link, peer_departed, peer_lost
+from afd_core.runtime.world import ATTENTION_ON_LINK, open_link_world, peer_departed, peer_lost
 
 if TYPE_CHECKING:
     from afd_core.assembly import RuntimeSpec, TransportFactory
@@ -293,7 +293,7 @@ def open_ffn_links(
     replaceable: bool,
     owns_seats: bool,
 ) -> tuple[BlockLinks, LinkOpener]:
-    """The FFN rank's links of its own (:func:`afd_core.runtime.world.open_link`) with every
+    """The FFN rank's links of its own (:func:`afd_core.runtime.world.open_link_world`) with every
     attention rank of ``ranks``, generation 0, and how to open a later generation's.
 
     ``replaceable``: a link whose attention rank is lost or leaves is let go (see
@@ -323,7 +323,7 @@ def open_ffn_links(
             peer_departed(spec, world, peer, error)
 
     def open_one(rank: int, generation: int) -> AttentionLink:
-        world = open_link(
+        world = open_link_world(
             spec, data, session, rank, ffn_rank, generation, on_lost=lost, on_departed=departed
         )
         return AttentionLink(
@@ -348,7 +348,7 @@ class LinkAcceptor:
     ``ranks`` without a link whose next generation has joined, it waits for that
     claimant's answer (only a generation later than any this FFN rank linked: a follower
     may let a link go before the seat's owner vacates it): ``ready`` opens the link
-    (``open_link``, bounded by the AFD timeout) and hands it to ``links``. Where
+    (``open_link_world``, bounded by the AFD timeout) and hands it to ``links``. Where
     ``links`` own the seats it also marks the
     seat taken and, for a refusal, a claimant that gives no answer within ``timeout_s``
     of the join or a link that cannot be opened, vacates the seat again with a warning in
@@ -361,13 +361,13 @@ class LinkAcceptor:
         links: BlockLinks,
         session: Session,
         ranks: tuple[int, ...],
-        open_link: LinkOpener,
+        open_link_world: LinkOpener,
         timeout_s: float,
     ) -> None:
         self._links = links
         self._session = session
         self._ranks = ranks
-        self._open_link = open_link
+        self._open_link = open_link_world
         self._timeout_s = timeout_s
         self._stop = threading.Event()
         self._first_seen: dict[tuple[int, int], float] = {}

@@ -2,7 +2,7 @@
 
 A world is a set of ranks with a control transport, a data plane and a peer watch of
 their own: one world of every rank (:func:`open_world`), a world of two per (attention
-rank, FFN rank) pair (:func:`open_link`, after :func:`join_session`), or the FFN ranks'
+rank, FFN rank) pair (:func:`open_link_world`, after :func:`join_session`), or the FFN ranks'
 own world (:func:`open_ffn_group`). Each opens the same way:
 
 1. the rendezvous of :mod:`afd_core.runtime.rendezvous` (FFN rank 0 hosts the store; every
@@ -15,7 +15,7 @@ own world (:func:`open_ffn_group`). Each opens the same way:
    :class:`~afd_core.assembly.TransportPlane` (gloo shares the control group under a
    second tag; NCCL in afd-connectors-gpu), or an op provider's groups
    (:class:`~afd_core.assembly.OpPlane`; opened by the assembler on :class:`World.opener`);
-4. the :class:`~afd_core.runtime.liveness.PeerWatch`: a heartbeat link to every peer. A
+4. the :class:`~afd_core.runtime.liveness.PeerWatch`: a heartbeat connection to every peer. A
    peer that crashed, was killed or went silent fails the connector (its fuse) at once
    and interrupts the data plane and the control transport; a peer that closed its
    connector (said goodbye) fails it at the next step boundary (``Fuse.depart``), so
@@ -192,7 +192,7 @@ def open_world(
     )  # fmt: skip
 
 
-def open_link(
+def open_link_world(
     spec: RuntimeSpec,
     data: TransportFactory,
     session: Session,

@@ -1,6 +1,6 @@
 """The per-step control channel: attention ranks announce each step to the FFN side.
 
-* :mod:`~afd_core.runtime.control.assembler`: :class:`StepAssembler` turns the payloads an FFN
+* :mod:`~afd_core.runtime.control.step_merger`: :class:`StepMerger` turns the payloads an FFN
   rank holds into one :class:`~afd_core.connector.FFNStep` (pure Python);
 * :mod:`~afd_core.runtime.control.channel`: :class:`ControlSender` (attention side: one fixed-size
   control message per step) and :class:`ControlInbox` (FFN side: one receiver thread per attention

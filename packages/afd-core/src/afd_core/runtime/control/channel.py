@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from afd_core.dataplane.transport import TransferFailed, Transport
 from afd_core.errors import AFDError, AFDProtocolError
 from afd_core.failures import Fuse, PeerFailures, guarded, guarded_until_closed
-from afd_core.runtime.control.assembler import StepAssembler
+from afd_core.runtime.control.step_merger import StepMerger
 from afd_core.wire import CONTROL_MESSAGE_BYTES, decode_control_message, encode_control_message
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ class ControlInbox:
         self._fuse = fuse
         self._thread_name = thread_name
         ranks = tuple(sorted(links.current()))
-        self._assembler = StepAssembler(ranks)
+        self._merger = StepMerger(ranks)
         self._cond = threading.Condition()
         self._receivers: dict[int, _Receiver] = {}
         self._queues: dict[int, deque[ControlPayload]] = {a: deque() for a in ranks}
@@ -166,7 +166,7 @@ class ControlInbox:
                     raise idle
                 if not self._changed:
                     self._cond.wait(self._links.idle_wait_s())
-        return self._assembler.assemble(ready)
+        return self._merger.merge(ready)
 
     def _note_change(self) -> None:
         with self._cond:
@@ -182,7 +182,7 @@ class ControlInbox:
             with self._cond:
                 self._queues[link.rank] = deque()
                 self._errors.pop(link.rank, None)
-            self._assembler.forget(link.rank)
+            self._merger.forget(link.rank)
             self._start(link)
 
     def _end_receiver(self, link: AttentionLink) -> None:

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Protocol
 from afd_core.dataplane.transport import TransferFailed, Transport
 from afd_core.errors import AFDError, AFDPeerError, AFDProtocolError
 from afd_core.failures import Fuse, PeerFailures, guarded_until_closed
-from afd_core.runtime.control.assembler import StepAssembler
 from afd_core.runtime.control.channel import ControlInbox, host_buffer
+from afd_core.runtime.control.step_merger import StepMerger
 from afd_core.wire import decode_step_message, encode_step_message, step_message_bytes
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ class FollowingRelay:
         self._timeout_s = timeout_s
         self._fuse = fuse
         self._failures = failures
-        self._assembler = StepAssembler(tuple(range(num_attention_ranks)))
+        self._merger = StepMerger(tuple(range(num_attention_ranks)))
         self._generations: dict[int, int] = {}
         self._cond = threading.Condition()
         self._steps: deque[tuple[tuple[ControlPayload, int], ...]] = deque()
@@ -191,9 +191,9 @@ class FollowingRelay:
         links = self._links_of(entries)
         for payload, generation in entries:
             if self._generations.get(payload.sender_rank) != generation:
-                self._assembler.forget(payload.sender_rank)  # a new server: ids start afresh
+                self._merger.forget(payload.sender_rank)  # a new server: ids start afresh
                 self._generations[payload.sender_rank] = generation
-        step = self._assembler.assemble({p.sender_rank: p for p, _ in entries})
+        step = self._merger.merge({p.sender_rank: p for p, _ in entries})
         return RelayedStep(step, tuple(links[rank] for rank in step.attention_ranks))
 
     def _links_of(

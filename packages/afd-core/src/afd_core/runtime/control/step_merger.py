@@ -1,4 +1,4 @@
-"""``StepAssembler``: the FFN side's rules for turning control payloads into steps.
+"""``StepMerger``: the FFN side's rules for merging control payloads into steps.
 
 Pure Python. Each attention rank's step ids must increase by one from payload to payload
 (the first may be anything, also the first of a server that replaced the rank); every
@@ -14,7 +14,7 @@ from afd_core.errors import AFDProtocolError
 from afd_core.wire.metadata import ControlPayload
 
 
-class StepAssembler:
+class StepMerger:
     """Forms :class:`FFNStep` objects from the payloads of ``senders`` (attention ranks)."""
 
     def __init__(self, senders: Sequence[int]) -> None:
@@ -25,7 +25,7 @@ class StepAssembler:
         """A new server took attention rank ``rank``'s seat: its step ids start afresh."""
         self._last_step.pop(rank, None)
 
-    def assemble(self, ready: Mapping[int, ControlPayload]) -> FFNStep:
+    def merge(self, ready: Mapping[int, ControlPayload]) -> FFNStep:
         """One step from ``ready`` (attention rank -> its next payload), in sender order.
 
         Raises AFDProtocolError for a payload from outside ``senders``, a wrong sender

@@ -11,7 +11,7 @@ It repeats::
 Layer-major, as :class:`~afd_core.connector.FFNEndpoint` requires: an attention rank with
 two stages in flight sends both stages of a layer before it collects either result.
 Each step runs inside the compute context; CUDA graph steps (the attention rank captured
-or replays a graph of its forward) go to :class:`~afd_ffn.graphs.FFNStepGraphs`.
+or replays a graph of its forward) go to :class:`~afd_ffn.loops.graph_steps.FFNStepGraphs`.
 Free of torch and vLLM.
 """
 
@@ -25,8 +25,8 @@ from typing import Any
 from afd_core.connector import FFNEndpoint, FFNStep
 from afd_core.errors import AFDProtocolError
 from afd_core.workers.profiling import FFN_RECV, FFN_SEND, FFN_STEP, FFN_WAIT_STEP, afd_range
-from afd_ffn.compute import LayerCompute
-from afd_ffn.graphs import FFNStepGraphs
+from afd_ffn.loops.compute import LayerCompute
+from afd_ffn.loops.graph_steps import FFNStepGraphs
 from afd_ffn.stats import FFNStats
 
 

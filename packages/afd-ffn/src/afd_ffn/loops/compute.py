@@ -1,9 +1,9 @@
 """One FFN computation of a received batch: :class:`LayerCompute`.
 
-Both eager loops of the FFN role (the step loop, :mod:`afd_ffn.step_loop`, and the work
-lanes, :mod:`afd_ffn.work_lanes`) compute through it, so the move to the compute device,
+Both eager loops of the FFN role (the step loop, :mod:`afd_ffn.loops.step_loop`, and the work
+lanes, :mod:`afd_ffn.loops.work_lanes`) compute through it, so the move to the compute device,
 the batch's context, the compute range and the row count are written once. CUDA graph
-steps compute inside their captured graphs instead (:mod:`afd_ffn.graphs`).
+steps compute inside their captured graphs instead (:mod:`afd_ffn.loops.graph_steps`).
 
 Free of torch and vLLM: the tensors are the connector's.
 """

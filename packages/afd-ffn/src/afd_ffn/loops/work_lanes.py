@@ -25,7 +25,7 @@ from typing import Any
 from afd_core.connector import FFNWorkEndpoint, FFNWorkItem
 from afd_core.errors import AFDShutdown
 from afd_core.workers.profiling import FFN_SEND, afd_range
-from afd_ffn.compute import LayerCompute
+from afd_ffn.loops.compute import LayerCompute
 from afd_ffn.stats import FFNStats
 
 
