@@ -24,10 +24,11 @@ Pure Python: no torch.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from afd_core.errors import AFDProtocolError
+from afd_core.kit.header_fields import differing_fields
 from afd_core.wire.metadata import WIRE_DTYPES
 
 Op = Literal["a2e", "e2a", "dispatch", "combine"]
@@ -130,8 +131,4 @@ class OpsHeader:
     def differences(self, expected: OpsHeader, *, ignore: tuple[str, ...] = ()) -> list[str]:
         """``"field: sent X, expected Y"`` for every field (not in ``ignore``) that differs
         between this (received) header and ``expected``."""
-        return [
-            f"{f.name}: sent {getattr(self, f.name)!r}, expected {getattr(expected, f.name)!r}"
-            for f in fields(self)
-            if f.name not in ignore and getattr(self, f.name) != getattr(expected, f.name)
-        ]
+        return differing_fields(self, expected, ignore)

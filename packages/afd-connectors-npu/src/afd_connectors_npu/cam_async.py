@@ -132,13 +132,12 @@ class CamAsyncAttentionEndpoint(AttentionEndpoint):
     def begin_step(self, payload: ControlPayload) -> None:
         """Start ``payload``'s step (nothing is announced); AFDProtocolError while the last
         one is unfinished or for more stages than the connector has groups."""
-        tokens = payload.tokens_of(self._spec.role_rank)
+        tokens = self._exchanges.begin_announced(payload, self._spec.role_rank)
         if len(tokens) > len(self._groups):
             raise AFDProtocolError(
                 f"AFD CAM async: step {payload.step_id} has {len(tokens)} stages, the "
                 f"connector opened op groups for {len(self._groups)}"
             )
-        self._exchanges.begin(payload.step_id, len(tokens))
         self._step_id, self._tokens = payload.step_id, tokens
 
     @guarded

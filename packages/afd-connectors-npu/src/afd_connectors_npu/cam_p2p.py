@@ -103,13 +103,12 @@ class CamP2pAttentionEndpoint(AttentionEndpoint):
     @guarded
     def begin_step(self, payload: ControlPayload) -> None:
         """Announce ``payload``'s step; AFDProtocolError while the last one is unfinished."""
-        tokens = payload.tokens_of(self._spec.role_rank)
+        tokens = self._exchanges.begin_announced(payload, self._spec.role_rank)
         if len(tokens) > len(self._groups):
             raise AFDProtocolError(
                 f"AFD CAM P2P: step {payload.step_id} has {len(tokens)} stages, the connector "
                 f"opened op groups for {len(self._groups)}"
             )
-        self._exchanges.begin(payload.step_id, len(tokens))
         self._announcer.send(payload)
         self._step_id, self._tokens = payload.step_id, tokens
         self._in_flight.clear()

@@ -34,7 +34,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from afd_core.config import AFDConfig
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         AttentionEndpoint,
         ConnectorParts,
         FFNEndpoint,
+        FFNStep,
         WireSpec,
     )
     from afd_core.dataplane.op_provider import GroupOpener, OpProvider
@@ -187,7 +188,7 @@ class StepAnnouncer(Protocol):
 class StepSource(Protocol):
     """FFN side of the control channel: the next step the attention ranks announced."""
 
-    def next_step(self) -> Any:
+    def next_step(self) -> FFNStep | None:
         """The next step (None once the connector is closed)."""
         ...
 

@@ -18,7 +18,12 @@ fixed-size headers and bodies between ranks keeps the same rules, written here o
   both views, the sender, and the owner's advice.
 
 Users: afd-ascend-ops' reference kernels (the ``"AFDA"`` :class:`OpsHeader
-<afd_ascend_ops.header.OpsHeader>`), and third-party patterns (the example plugin's).
+<afd_ascend_ops.header.OpsHeader>`), and third-party patterns (the example plugin's
+``afd_example_connector.kit_block``). A pattern's endpoint builds its channels on its
+side's transport (:attr:`afd_core.kit.endpoint_context.EndpointContext.transport`) with
+the connector's fuse: the connector's close then makes a woken wait AFDShutdown, and a
+peer loss its peer watch found is the error a woken wait raises. The assembler
+interrupts and releases that transport, so such an endpoint never closes its channels.
 Not thread-safe: the owner calls it under its own lock (``interrupt`` and ``close`` may
 run on any thread).
 """
@@ -99,7 +104,9 @@ class MessageChannel(Generic[H]):
     header type; ``transport`` spans the world (its ranks are world ranks);
     ``world_rank`` is this process's rank in it (``role`` and ``role_rank`` its place);
     ``topology`` the world's rank map; ``timeout_s`` the AFD timeout; ``mispaired`` the
-    advice a mismatched header's error ends with. The channel owns the transport.
+    advice a mismatched header's error ends with; ``fuse`` the state its errors follow
+    (a pattern's endpoint passes its connector's; None: a fuse of its own, for an owner
+    that closes the channel itself). :meth:`close` closes the transport.
     """
 
     def __init__(
@@ -112,6 +119,8 @@ class MessageChannel(Generic[H]):
         topology: Topology,
         timeout_s: float,
         mispaired: str,
+        *,
+        fuse: Fuse | None = None,
     ) -> None:
         self.owner = owner
         self.name = name
@@ -119,7 +128,7 @@ class MessageChannel(Generic[H]):
         self.topology = topology
         self.timeout_s = timeout_s
         self.role, self.role_rank = topology.role_of_world_rank(world_rank)
-        self.fuse = Fuse(f"{owner} group {name!r}")
+        self.fuse = fuse if fuse is not None else Fuse(f"{owner} group {name!r}")
         self._header = header
         self._transport = transport
         self._failures = PeerFailures(topology, timeout_s, self.fuse)

@@ -10,7 +10,12 @@ nothing themselves. Pure Python.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from afd_core.errors import AFDProtocolError
+
+if TYPE_CHECKING:
+    from afd_core.wire.metadata import ControlPayload
 
 
 class StepExchanges:
@@ -38,6 +43,24 @@ class StepExchanges:
     def complete(self) -> bool:
         """Whether the step made every exchange it makes (True before the first step)."""
         return self.done == self.expected
+
+    def begin_announced(
+        self, payload: ControlPayload, role_rank: int, *, exchanges: bool = True
+    ) -> tuple[int, ...]:
+        """Start the step ``payload`` announces, sent by attention rank ``role_rank``; its
+        token count per stage.
+
+        Raises AFDProtocolError when the payload is signed by another attention rank, or
+        as :meth:`begin`.
+        """
+        if payload.sender_rank != role_rank:
+            raise AFDProtocolError(
+                f"AFD control: attention rank {role_rank} was asked to send a payload "
+                f"signed by attention rank {payload.sender_rank}"
+            )
+        tokens = payload.tokens_of(role_rank)
+        self.begin(payload.step_id, len(tokens), exchanges=exchanges)
+        return tokens
 
     def begin(self, step_id: int, num_stages: int, *, exchanges: bool = True) -> None:
         """Start step ``step_id`` of ``num_stages`` stages; ``exchanges`` False for a step

@@ -12,7 +12,7 @@ from afd_core.plugins.specs import ConnectorSpec
 
 @hookimpl
 def afd_connectors() -> list[ConnectorSpec]:
-    """Register this package's two connectors (no CUDA graphs)."""
+    """Register this package's three connectors (no CUDA graphs)."""
     return [
         ConnectorSpec(
             name="ExampleLoopbackConnector",
@@ -25,5 +25,11 @@ def afd_connectors() -> list[ConnectorSpec]:
             target="afd_example_connector.gloo_p2p:ExampleGlooP2pConnector",
             platforms=("cpu", "cuda", "npu"),
             description="A recipe: one world, gloo data plane with a byte counter, P2P block",
+        ),
+        ConnectorSpec(
+            name="ExampleKitPatternConnector",
+            target="afd_example_connector.kit_block:ExampleKitPatternConnector",
+            platforms=("cpu",),
+            description="A pattern of its own on afd-core's kit: block pairing, MessageChannel",
         ),
     ]

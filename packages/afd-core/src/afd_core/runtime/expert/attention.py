@@ -148,18 +148,12 @@ class ExpertAttentionEndpoint(AttentionEndpoint):
     @guarded
     def begin_step(self, payload: ControlPayload) -> None:
         self._fuse.check_departure()
-        if payload.sender_rank != self._role_rank:
-            raise AFDProtocolError(
-                f"AFD control: attention rank {self._role_rank} was asked to send a payload "
-                f"signed by attention rank {payload.sender_rank}"
-            )
         if payload.is_graph_step:
             raise AFDProtocolError(
                 f"AFD: step {payload.step_id} is a CUDA graph step; the expert-routed "
                 "connector runs eagerly: start the attention role with --enforce-eager"
             )
-        tokens = payload.tokens_of(self._role_rank)
-        self._exchanges.begin(payload.step_id, len(tokens))
+        tokens = self._exchanges.begin_announced(payload, self._role_rank)
         self._control.send(payload)
         self._step = _Step(payload.step_id, tokens)
 

@@ -249,19 +249,13 @@ class P2pAttentionEndpoint(AttentionEndpoint):
     @guarded
     def begin_step(self, payload: ControlPayload) -> None:
         self._fuse.check_departure()
-        if payload.sender_rank != self._role_rank:
-            raise AFDProtocolError(
-                f"AFD control: attention rank {self._role_rank} was asked to send a payload "
-                f"signed by attention rank {payload.sender_rank}"
-            )
         if payload.is_graph_step and self._replays is None:
             raise AFDProtocolError(
                 f"AFD: step {payload.step_id} is a CUDA graph step, but this connector has no "
                 "graph steps; run the attention role with --enforce-eager"
             )
-        tokens = payload.tokens_of(self._role_rank)
         replay = payload.is_graph_step and not payload.is_graph_capturing
-        self._exchanges.begin(payload.step_id, len(tokens), exchanges=not replay)
+        tokens = self._exchanges.begin_announced(payload, self._role_rank, exchanges=not replay)
         if not payload.is_graph_step and self._replays is not None:
             self._replays.drain(f"eager step {payload.step_id}")
         self._control.send(payload)
