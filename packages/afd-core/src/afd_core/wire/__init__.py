@@ -149,12 +149,11 @@ _NUM_TOKENS_FIELD = 8
 
 
 class HeaderCodec:
-    """Packs and expects the headers of one wire spec (the per-layer hot path).
+    """Packs the headers of one wire spec (the per-layer hot path).
 
     :meth:`pack_into` writes exactly ``TransferHeader(...).encode()`` into a buffer
-    without building the dataclass; :meth:`expect` checks received header bytes against
-    the values a receiver expects; :meth:`header` decodes what :meth:`pack_into` writes
-    (for error messages and tests).
+    without building the dataclass; the one writer and check of data headers built on it
+    is :class:`~afd_core.wire.headers.HeaderWriter`.
     """
 
     def __init__(self, wire: WireSpec) -> None:
@@ -163,7 +162,6 @@ class HeaderCodec:
         self._logits_code = WIRE_DTYPES[wire.router_logits_dtype]
         self._no_logits_code = WIRE_DTYPES["float32"]
         self._layout = TransferHeader.LAYOUT
-        self._expected = memoryview(bytearray(HEADER_BYTES))
 
     def pack_into(
         self,
@@ -200,52 +198,10 @@ class HeaderCodec:
             topk,
         )
 
-    def expect(
-        self,
-        raw: bytes,
-        sender: str,
-        direction: str,
-        step_id: int,
-        layer: int,
-        stage: int,
-        num_tokens: int,
-        sender_rank: int,
-        *,
-        topk: int = 0,
-    ) -> None:
-        """Raise AFDProtocolError (naming ``sender`` and every differing field) unless
-        ``raw`` is exactly the header :meth:`pack_into` writes for these values; the
-        comparison is of bytes, the dataclass is built only for the error."""
-        expected = self._expected
-        self.pack_into(expected, 0, direction, step_id, layer, stage, num_tokens, sender_rank,
-                       topk=topk)  # fmt: skip
-        if raw != expected:
-            header = self.header(direction, step_id, layer, stage, num_tokens, sender_rank,
-                                 topk=topk)  # fmt: skip
-            raise_header_mismatch(raw, header, sender)
-
     def num_tokens_of(self, raw: bytes) -> int:
         """The ``num_tokens`` field of the packed header ``raw``, unchecked: compare the
         whole header with the expected one afterwards."""
         return int(self._layout.unpack_from(raw)[_NUM_TOKENS_FIELD])
-
-    def header(
-        self,
-        direction: str,
-        step_id: int,
-        layer: int,
-        stage: int,
-        num_tokens: int,
-        sender_rank: int,
-        *,
-        logits_width: int = 0,
-        topk: int = 0,
-    ) -> TransferHeader:
-        """The header :meth:`pack_into` writes for these values, decoded from its bytes."""
-        packed = memoryview(bytearray(HEADER_BYTES))
-        self.pack_into(packed, 0, direction, step_id, layer, stage, num_tokens, sender_rank,
-                       logits_width=logits_width, topk=topk)  # fmt: skip
-        return TransferHeader.decode(bytes(packed))
 
 
 def raise_header_mismatch(
