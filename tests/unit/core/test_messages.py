@@ -101,9 +101,9 @@ def test_a_headed_round_trip_is_a_header_message_then_the_bare_tensors():
     sends = headed(outgoing.row(0), (hidden, logits))
     receives = headed(incoming.row(0), (got_hidden, got_logits))
     assert len(sends) == len(receives) == 3
-    lane_out, lane_in = sender.lane(FFN, 5.0), receiver.lane(ATTENTION, 5.0)
-    lane_out.wait_all(SENDS_FIRST.post(lane_out, sends, []))
-    lane_in.wait_all(RECEIVES_FIRST.post(lane_in, [], receives))
+    out_peer, in_peer = sender.to_peer(FFN, 5.0), receiver.to_peer(ATTENTION, 5.0)
+    out_peer.wait_all(SENDS_FIRST.post(out_peer, sends, []))
+    in_peer.wait_all(RECEIVES_FIRST.post(in_peer, [], receives))
     incoming.check(0)
     assert torch.equal(got_hidden, hidden) and torch.equal(got_logits, logits)
 
@@ -119,13 +119,13 @@ def test_a_bare_round_trip_moves_the_tensors_without_a_header():
     receiver = ExactLoopbackTransport(fabric, FFN, "d")
     hidden, logits = tensors()
     got_hidden, got_logits = torch.empty_like(hidden), torch.empty_like(logits)
-    lane_out, lane_in = sender.lane(FFN, 5.0), receiver.lane(ATTENTION, 5.0)
-    lane_out.wait_all(posting_order(sender).post(lane_out, [hidden, logits], []))
-    lane_in.wait_all(posting_order(receiver).post(lane_in, [], [got_hidden, got_logits]))
+    out_peer, in_peer = sender.to_peer(FFN, 5.0), receiver.to_peer(ATTENTION, 5.0)
+    out_peer.wait_all(posting_order(sender).post(out_peer, [hidden, logits], []))
+    in_peer.wait_all(posting_order(receiver).post(in_peer, [], [got_hidden, got_logits]))
     assert torch.equal(got_hidden, hidden) and torch.equal(got_logits, logits)
 
 
-class _RecordingLane:
+class _RecordingPeerTransport:
     def __init__(self) -> None:
         self.posted: list[str] = []
 
@@ -149,9 +149,9 @@ def test_ordered_transports_post_sends_first_and_others_receives_first():
     assert posting_order(_Unordered()) is RECEIVES_FIRST
     for order, expected in ((SENDS_FIRST, ["send a", "send b", "recv c"]),
                             (RECEIVES_FIRST, ["recv c", "send a", "send b"])):  # fmt: skip
-        lane = _RecordingLane()
-        order.post(lane, ["a", "b"], ["c"])
-        assert lane.posted == expected
+        to_peer = _RecordingPeerTransport()
+        order.post(to_peer, ["a", "b"], ["c"])
+        assert to_peer.posted == expected
 
 
 def test_the_step_rows_are_the_headers_of_every_layer_and_direction():

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from afd_core.dataplane.transport import Lane, Transfer, TransferFailed, Transport
+from afd_core.dataplane.transport import PeerTransport, Transfer, TransferFailed, Transport
 
 if TYPE_CHECKING:
     import torch
@@ -124,8 +124,8 @@ class DelayingTransport(Transport):
         if received:
             self.inner.wait_all(received, deadline)
 
-    def lane(self, peer: int, timeout_s: float) -> Lane:
-        return Lane(self, peer, timeout_s)
+    def to_peer(self, peer: int, timeout_s: float) -> PeerTransport:
+        return PeerTransport(self, peer, timeout_s)
 
     def synchronize(self, deadline: float) -> None:
         self.inner.synchronize(deadline)

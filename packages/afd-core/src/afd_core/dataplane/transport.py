@@ -17,7 +17,7 @@ these operations:
   stream-ordered one (NCCL) only orders the caller's stream after the transfer and leaves
   the host free: :meth:`Transport.synchronize` then waits on the host, with a deadline,
   for everything posted so far.
-* :meth:`Transport.lane` gives a :class:`Lane`: the same posts and waits with one peer,
+* :meth:`Transport.to_peer` gives a :class:`PeerTransport`: the same posts and waits with one peer,
   for the endpoints' per-layer hot path, with what the transport needs about the peer
   (its tags, the wait limit in the library's form) worked out once.
 * :meth:`Transport.interrupt` makes every blocked wait of this process raise
@@ -118,13 +118,13 @@ class Transport(ABC):
         for transfer in transfers:
             self.wait(transfer, deadline)
 
-    def lane(self, peer: int, timeout_s: float) -> Lane:
-        """A :class:`Lane` to world rank ``peer`` whose waits end within ``timeout_s``.
+    def to_peer(self, peer: int, timeout_s: float) -> PeerTransport:
+        """A :class:`PeerTransport` to world rank ``peer`` whose waits end within ``timeout_s``.
 
         The default delegates every call to this transport; a transport may return a
-        leaner lane of its own (with the same behaviour).
+        leaner peer transport of its own (with the same behaviour).
         """
-        return Lane(self, peer, timeout_s)
+        return PeerTransport(self, peer, timeout_s)
 
     def synchronize(self, deadline: float) -> None:
         """Block the host until every transfer posted so far is complete.
@@ -161,14 +161,14 @@ class Transport(ABC):
         return tensor
 
 
-class Lane:
+class PeerTransport:
     """Posts to and from one peer of a transport, and bounded waits for them.
 
     :meth:`post_send` and :meth:`post_recv` behave as the transport's with ``peer``;
-    :meth:`wait_all` waits for transfers posted on this lane, either each within
+    :meth:`wait_all` waits for transfers posted through it, either each within
     ``timeout_s`` of the moment its wait begins (no deadline given) or all until a
     deadline, and raises :class:`TransferFailed` as :meth:`Transport.wait` does. This
-    default delegates to the transport; build lanes with :meth:`Transport.lane`.
+    default delegates to the transport; build peer transports with :meth:`Transport.to_peer`.
     """
 
     __slots__ = ("peer", "timeout_s", "transport")

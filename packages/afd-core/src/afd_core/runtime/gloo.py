@@ -39,7 +39,7 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, ClassVar
 
-from afd_core.dataplane.transport import Lane, Transfer, TransferFailed, Transport
+from afd_core.dataplane.transport import PeerTransport, Transfer, TransferFailed, Transport
 
 if TYPE_CHECKING:
     import torch
@@ -138,8 +138,8 @@ class GlooTransport(Transport):
             detail = str(exc)
         raise self._failure(peer, detail)
 
-    def lane(self, peer: int, timeout_s: float) -> GlooLane:
-        return GlooLane(self, peer, timeout_s)
+    def to_peer(self, peer: int, timeout_s: float) -> GlooPeerTransport:
+        return GlooPeerTransport(self, peer, timeout_s)
 
     def wait(self, transfer: Transfer, deadline: float | None) -> None:
         self.wait_all([transfer], deadline)
@@ -148,7 +148,7 @@ class GlooTransport(Transport):
         self, transfers: list[Transfer], deadline: float | None, each: timedelta | None = None
     ) -> None:
         """The contract's ``wait_all``; ``each``, when given, bounds every wait on its own
-        instead of ``deadline`` (how a :class:`GlooLane` waits)."""
+        instead of ``deadline`` (how a :class:`GlooPeerTransport` waits)."""
         for transfer in transfers:
             timeout = each
             if timeout is None:
@@ -202,13 +202,14 @@ class GlooTransport(Transport):
         return TransferFailed(peer, "peer_closed", detail)
 
 
-class GlooLane(Lane):
-    """:class:`~afd_core.dataplane.transport.Lane` over a :class:`GlooTransport`: one call into gloo
-    per post and per wait, with the peer's two tags and the wait limit (a ``timedelta``)
-    worked out once. Each wait without a deadline is bounded by ``timeout_s`` on its own:
-    a gloo wait that times out closes every pair of the group, so the waits after it fail
-    at once. Posts after the transport was interrupted or closed raise "interrupted" (a
-    lane may be made of a closed transport: a lost link's)."""
+class GlooPeerTransport(PeerTransport):
+    """:class:`~afd_core.dataplane.transport.PeerTransport` over a :class:`GlooTransport`:
+    one call into gloo per post and per wait, with the peer's two tags and the wait limit
+    (a ``timedelta``) worked out once. Each wait without a deadline is bounded by
+    ``timeout_s`` on its own: a gloo wait that times out closes every pair of the group,
+    so the waits after it fail at once. Posts after the transport was interrupted or
+    closed raise "interrupted" (a peer transport may be made of a closed transport: a lost
+    link's)."""
 
     __slots__ = ("_gloo", "_group", "_recv_tag", "_send_tag", "_timeout")
 

@@ -2,8 +2,8 @@
 
 It implements the :class:`afd_core.dataplane.transport.Transport` contract by delegation: every
 call goes to the wrapped transport, and the posts add the tensor's size to a
-:class:`ByteCounts`. The endpoints post on :meth:`Transport.lane` objects, so the lanes
-are wrapped too (around the wrapped transport's own lanes, which keeps their speed).
+:class:`ByteCounts`. The endpoints post on the :meth:`Transport.to_peer` objects, so those
+are wrapped too (around the wrapped transport's own peer transports, which keeps their speed).
 The library facts the endpoints read (``ordered_pairs``, ``accepts_short_messages``)
 are the wrapped transport's. Importing this module imports no torch.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from afd_core.dataplane.transport import Lane, Transfer, Transport
+from afd_core.dataplane.transport import PeerTransport, Transfer, Transport
 
 if TYPE_CHECKING:
     import torch
@@ -61,8 +61,8 @@ class ByteCountingTransport(Transport):
     def wait_all(self, transfers: list[Transfer], deadline: float | None) -> None:
         self.inner.wait_all(transfers, deadline)
 
-    def lane(self, peer: int, timeout_s: float) -> Lane:
-        return _CountingLane(self, self.inner.lane(peer, timeout_s))
+    def to_peer(self, peer: int, timeout_s: float) -> PeerTransport:
+        return _CountingPeerTransport(self, self.inner.to_peer(peer, timeout_s))
 
     def synchronize(self, deadline: float) -> None:
         self.inner.synchronize(deadline)
@@ -83,12 +83,12 @@ class ByteCountingTransport(Transport):
         return self.inner.to_host(tensor)
 
 
-class _CountingLane(Lane):
-    """The wrapped transport's lane, with its posts counted."""
+class _CountingPeerTransport(PeerTransport):
+    """The wrapped transport's peer transport, with its posts counted."""
 
     __slots__ = ("counts", "inner")
 
-    def __init__(self, transport: ByteCountingTransport, inner: Lane) -> None:
+    def __init__(self, transport: ByteCountingTransport, inner: PeerTransport) -> None:
         super().__init__(transport, inner.peer, inner.timeout_s)
         self.counts = transport.counts
         self.inner = inner

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from afd_core.dataplane.transport import Lane, Transfer, Transport
+    from afd_core.dataplane.transport import PeerTransport, Transfer, Transport
 
 
 def headed(header: torch.Tensor, tensors: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor]:
@@ -34,16 +34,16 @@ class PostingOrder:
     sends_first: bool
 
     def post(
-        self, lane: Lane, sends: list[torch.Tensor], receives: list[torch.Tensor]
+        self, to_peer: PeerTransport, sends: list[torch.Tensor], receives: list[torch.Tensor]
     ) -> list[Transfer]:
-        """Post every send of ``sends`` and receive of ``receives`` on ``lane`` in this
+        """Post every send of ``sends`` and receive of ``receives`` on ``to_peer`` in this
         order; the transfers in posting order."""
         if self.sends_first:
-            transfers = [lane.post_send(t) for t in sends]
-            transfers.extend(lane.post_recv(t) for t in receives)
+            transfers = [to_peer.post_send(t) for t in sends]
+            transfers.extend(to_peer.post_recv(t) for t in receives)
         else:
-            transfers = [lane.post_recv(t) for t in receives]
-            transfers.extend(lane.post_send(t) for t in sends)
+            transfers = [to_peer.post_recv(t) for t in receives]
+            transfers.extend(to_peer.post_send(t) for t in sends)
         return transfers
 
 

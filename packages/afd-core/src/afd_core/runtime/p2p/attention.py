@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from afd_core.connector import AttentionEndpoint, ExpertRouting
 from afd_core.dataplane.replay_guard import ReplayGuard
-from afd_core.dataplane.transport import Lane, Transfer, TransferFailed
+from afd_core.dataplane.transport import PeerTransport, Transfer, TransferFailed
 from afd_core.errors import AFDError, AFDProtocolError
 from afd_core.failures import guarded, layer_of_step
 from afd_core.kit.endpoint_context import EndpointContext
@@ -81,19 +81,19 @@ class _InFlight:
 
 
 class _Posting:
-    """What every form of one endpoint posts with: the lane to its FFN rank, the
+    """What every form of one endpoint posts with: the peer transport to its FFN rank, the
     transport's posting order, and output tensors on the transport's device."""
 
-    def __init__(self, transport: Transport, lane: Lane, dtype: torch.dtype) -> None:
+    def __init__(self, transport: Transport, to_peer: PeerTransport, dtype: torch.dtype) -> None:
         import torch
 
-        self.transport, self.lane, self.dtype = transport, lane, dtype
+        self.transport, self.to_peer, self.dtype = transport, to_peer, dtype
         self.order: PostingOrder = posting_order(transport)
         self._empty = torch.empty
 
     def post(self, sends: list[torch.Tensor], receives: list[torch.Tensor]) -> list[Transfer]:
         """Post one exchange's sends and receives in the transport's order."""
-        return self.order.post(self.lane, sends, receives)
+        return self.order.post(self.to_peer, sends, receives)
 
     def on_device(
         self, hidden: torch.Tensor, router_logits: torch.Tensor | None
@@ -237,9 +237,9 @@ class P2pAttentionEndpoint(AttentionEndpoint):
         self._headers: _StepHeaders | None = None
         self._sender_name = context.failures.describe(peer.transport_rank)
         # Every message of this rank goes to its one FFN rank: posts and waits go through a
-        # lane to it, with the peer and the wait limit worked out once.
-        self._lane = context.transport.lane(peer.transport_rank, context.timeout_s)
-        self._posting = _Posting(context.transport, self._lane, self._dtype)
+        # peer transport to it, with the peer and the wait limit worked out once.
+        self._to_peer = context.transport.to_peer(peer.transport_rank, context.timeout_s)
+        self._posting = _Posting(context.transport, self._to_peer, self._dtype)
         self._bare = _BareForm(self._posting)
         # Each stage's form in the step in progress, and a send buffer per stage that sent
         # frames (reused from step to step).
@@ -397,7 +397,7 @@ class P2pAttentionEndpoint(AttentionEndpoint):
         assert step is not None  # a send of this step put it in flight
         exchanges = self._exchanges
         try:
-            self._lane.wait_all(inflight.transfers)
+            self._to_peer.wait_all(inflight.transfers)
             last = exchanges.finish()
             inflight.form.received(inflight, exchanges.expected if last else 0)
         except TransferFailed as exc:

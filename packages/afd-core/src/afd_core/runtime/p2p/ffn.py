@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from afd_core.connector import FFNEndpoint, FFNLayerBatch, FFNStep
 from afd_core.dataplane.replay_guard import ReplayGuard
-from afd_core.dataplane.transport import Lane, Transfer, TransferFailed
+from afd_core.dataplane.transport import PeerTransport, Transfer, TransferFailed
 from afd_core.errors import AFDError, AFDProtocolError
 from afd_core.failures import guarded, guarded_until_closed, layer_of_step
 from afd_core.kit.endpoint_context import EndpointContext
@@ -76,12 +76,12 @@ class _MemberFrames:
 
 @dataclass(slots=True)
 class _Member:
-    """One attention rank of a step: its link (and a lane to it on the link's data
+    """One attention rank of a step: its link (and a peer transport to it on the link's data
     transport), where its rows go, its headers and frames."""
 
     rank: int
     link: AttentionLink
-    lane: Lane
+    to_peer: PeerTransport
     step_id: int
     rows: slice
     count: int
@@ -184,16 +184,16 @@ class P2pFFNEndpoint(FFNEndpoint):
         if solo is not None:
             if solo.link.lost is None:
                 message = self._received_message(solo, with_logits)
-                if self._exchange_solo(solo, layer, solo.lane.post_recv, message):
+                if self._exchange_solo(solo, layer, solo.to_peer.post_recv, message):
                     self._take_in(solo, row, with_logits)
         else:
 
             def post(member: _Member) -> list[Transfer]:
                 if member.frames is not None:
-                    return [member.lane.post_recv(self._received_message(member, with_logits))]
+                    return [member.to_peer.post_recv(self._received_message(member, with_logits))]
                 logits = member.logits if with_logits else None
                 messages = headed(member.incoming.row(row), (member.hidden, logits))
-                return [member.lane.post_recv(t) for t in messages]
+                return [member.to_peer.post_recv(t) for t in messages]
 
             for member in self._exchange(plan, layer, post):
                 if member.link.lost is None:
@@ -250,14 +250,14 @@ class P2pFFNEndpoint(FFNEndpoint):
         if solo is not None:
             if solo.link.lost is None:
                 message = self._reply_message(solo, row, address)
-                self._exchange_solo(solo, layer, solo.lane.post_send, message)
+                self._exchange_solo(solo, layer, solo.to_peer.post_send, message)
         else:
 
             def post(member: _Member) -> list[Transfer]:
                 if member.frames is not None:
-                    return [member.lane.post_send(self._reply_message(member, row, address))]
+                    return [member.to_peer.post_send(self._reply_message(member, row, address))]
                 messages = headed(member.outgoing.row(row), (output[member.rows],))
-                return [member.lane.post_send(t) for t in messages]
+                return [member.to_peer.post_send(t) for t in messages]
 
             self._exchange(plan, layer, post)
         self._finish_exchange(step)
@@ -298,7 +298,7 @@ class P2pFFNEndpoint(FFNEndpoint):
             targets = [hidden[member.rows]]
             if router_logits is not None:
                 targets.append(router_logits[member.rows])
-            return [member.lane.post_recv(t) for t in targets]
+            return [member.to_peer.post_recv(t) for t in targets]
 
         self._exchange(plan, layer, post)
 
@@ -308,7 +308,7 @@ class P2pFFNEndpoint(FFNEndpoint):
         self._check_graph_tensor("output", output, plan.total, self._wire.hidden_size)
 
         def post(member: _Member) -> list[Transfer]:
-            return [member.lane.post_send(output[member.rows])]
+            return [member.to_peer.post_send(output[member.rows])]
 
         self._exchange(plan, layer, post)
 
@@ -391,9 +391,9 @@ class P2pFFNEndpoint(FFNEndpoint):
                         logits_at=0 if rows_logits is None else rows_logits.data_ptr(),
                         output_at=start * row_bytes,
                     )  # fmt: skip
-                lane = link.data.lane(link.peer, self._timeout_s)
+                to_peer = link.data.to_peer(link.peer, self._timeout_s)
                 members.append(
-                    _Member(link.rank, link, lane, payload.step_id, rows, n, incoming, outgoing,
+                    _Member(link.rank, link, to_peer, payload.step_id, rows, n, incoming, outgoing,
                             rows_hidden, rows_logits, member_frames)
                 )  # fmt: skip
                 start += n
@@ -493,9 +493,9 @@ class P2pFFNEndpoint(FFNEndpoint):
         message: torch.Tensor,
     ) -> bool:
         """:meth:`_exchange` for a stage's one member and one frame: ``post(message)`` on
-        its lane, then wait. False when it failed and the member was lost."""
+        its peer transport, then wait. False when it failed and the member was lost."""
         try:
-            member.lane.wait_all([post(message)])
+            member.to_peer.wait_all([post(message)])
         except TransferFailed as exc:
             self._lose(member, exc, layer)
             return False
@@ -506,7 +506,7 @@ class P2pFFNEndpoint(FFNEndpoint):
         deadline = time.monotonic() + self._timeout_s
         for member, transfers in posted:
             try:
-                member.lane.wait_all(transfers, deadline)
+                member.to_peer.wait_all(transfers, deadline)
             except TransferFailed as exc:
                 self._lose(member, exc, layer)
 
