@@ -1,16 +1,18 @@
 """The child process of ``test_models_offline.py``: in-process vLLM engines, one report.
 
 ``python models_offline_child.py MODEL_DIR WORK_DIR REPORT_JSON [--compiled]
-[--attention-backend NAME]`` generates greedily with the stock class, with the registered
-wrapper and AFD off, and with the attention role whose exchanges a loopback exchanger
-serves from an FFN role model built in the same process (gate on FFN, gate on attention),
-then writes a JSON report: tokens, logprobs, parameters, exchange calls, wire specs, and
-for the stock model and each role the loading record of :func:`_build` (checkpoint
-tensors the model was fed, parameter names its loader reports, and its parameters before
-and after vLLM's post-load processing). ``--compiled``: only the attention role with the
-gate on attention, compiled by vLLM. ``--attention-backend``: vLLM's attention backend
-for every engine and model of the run (e.g. ``CPU_MLA``, the MLA path of CPUs without
-AMX, which registers parameters derived from ``kv_b_proj`` after loading).
+[--attention-backend NAME] [--language-model-only]`` generates greedily with the stock
+class, with the registered wrapper and AFD off, and with the attention role whose
+exchanges a loopback exchanger serves from an FFN role model built in the same process
+(gate on FFN, gate on attention), then writes a JSON report: tokens, logprobs, parameters,
+exchange calls, wire specs, and for the stock model and each role the loading record of
+:func:`build_model` (checkpoint tensors the model was fed, parameter names its loader reports,
+and its parameters before and after vLLM's post-load processing). ``--compiled``: only the
+attention role with the gate on attention, compiled by vLLM. ``--attention-backend``:
+vLLM's attention backend for every engine and model of the run (e.g. ``CPU_MLA``, the MLA
+path of CPUs without AMX, which registers parameters derived from ``kv_b_proj`` after
+loading). ``--language-model-only``: vLLM's flag of that name for every engine and model
+(a multimodal checkpoint served without its vision tower).
 
 Run it with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (engines in this process) and
 ``VLLM_PLUGINS=""``: the afd plugin would give the attention config the AFD attention
@@ -56,6 +58,8 @@ class LoopbackExchanger:
 
 #: ``--attention-backend`` of this run (None: vLLM chooses by the CPU's instruction set).
 _ATTENTION_BACKEND: str | None = None
+#: ``--language-model-only`` of this run.
+_LANGUAGE_MODEL_ONLY = False
 
 
 class LoopbackExpertExchanger:
@@ -99,6 +103,8 @@ class LoopbackExpertExchanger:
 
 def _engine_kwargs(model: Path, *, compiled: bool) -> dict[str, Any]:
     backend = {} if _ATTENTION_BACKEND is None else {"attention_backend": _ATTENTION_BACKEND}
+    if _LANGUAGE_MODEL_ONLY:
+        backend["language_model_only"] = True
     return backend | {
         "model": str(model),
         "tokenizer": str(model),
@@ -111,7 +117,7 @@ def _engine_kwargs(model: Path, *, compiled: bool) -> dict[str, Any]:
     }
 
 
-def _afd(role: str, gate_on_attention: bool) -> dict[str, Any]:
+def afd_settings(role: str, gate_on_attention: bool) -> dict[str, Any]:
     return {
         "afd": {
             "role": role,
@@ -161,7 +167,7 @@ def _generate(model: Path, additional_config: dict[str, Any], compiled: bool) ->
     return run
 
 
-def _config(model: Path, additional_config: dict[str, Any]) -> Any:
+def engine_config(model: Path, additional_config: dict[str, Any]) -> Any:
     """The VllmConfig an eager engine for ``model`` would get."""
     from vllm.engine.arg_utils import EngineArgs
 
@@ -169,7 +175,7 @@ def _config(model: Path, additional_config: dict[str, Any]) -> Any:
     return EngineArgs(**kwargs, additional_config=additional_config).create_engine_config()
 
 
-def _build(model: Path, additional_config: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+def build_model(model: Path, additional_config: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
     """A model built and loaded the way vLLM's default loader does; returns (model,
     vllm_config, loading record).
 
@@ -190,7 +196,7 @@ def _build(model: Path, additional_config: dict[str, Any]) -> tuple[Any, Any, di
 
     import afd_models.role_mixins as role_mixins
 
-    config = _config(model, additional_config)
+    config = engine_config(model, additional_config)
     loader = get_model_loader(config.load_config)
     cpu = torch.device("cpu")
     fed: list[str] = []
@@ -239,21 +245,21 @@ def run_child(model_dir: Path, work_dir: Path, compiled: bool) -> dict[str, Any]
 
     # vLLM's parallel groups (world size 1), as an engine's worker creates them: the FFN
     # role models are built outside any engine; the engines reuse these groups.
-    with set_current_vllm_config(_config(model_dir, {})):
+    with set_current_vllm_config(engine_config(model_dir, {})):
         init_distributed_environment(1, 0, f"file://{work_dir / 'dist-init'}", 0, "gloo")
         ensure_model_parallel_initialized(1, 1)
     wrappers = {spec.architecture: load_target(spec.target) for spec in afd_models()}
     # Registering classes, not "module:Class" strings, makes vLLM inspect them in this
     # process instead of a subprocess (about 12 s per class with a cold cache). First the
-    # stock class each wrapper subclasses, under its own name.
+    # stock class each wrapper subclasses, under its own name (vLLM serves some under
+    # another's: DeepseekV32ForCausalLM is DeepseekV3ForCausalLM on CPU).
     for architecture, wrapper in wrappers.items():
         stock = next(c for c in wrapper.__mro__ if c.__module__.startswith("vllm."))
-        assert stock.__name__ == architecture, (wrapper, stock)
         ModelRegistry.register_model(architecture, stock)
     report: dict[str, Any] = {}
     if not compiled:
         report["stock"] = _generate(model_dir, {}, compiled)
-        report["stock"]["loading"] = _build(model_dir, {})[2]
+        report["stock"]["loading"] = build_model(model_dir, {})[2]
     # vLLM caches the resolved class per model path: the wrapper runs use another path.
     wrapped = work_dir / "wrapped"
     wrapped.symlink_to(model_dir.resolve(), target_is_directory=True)
@@ -275,8 +281,10 @@ def _expert_run(model: Path, num_ffn_ranks: int) -> dict[str, Any]:
 
     from afd_models.exchange_op import set_exchanger
 
-    builds = [_build(model, _afd_expert("ffn", num_ffn_ranks, f)) for f in range(num_ffn_ranks)]
-    attention, _, attention_loading = _build(model, _afd_expert("attention", num_ffn_ranks))
+    builds = [
+        build_model(model, _afd_expert("ffn", num_ffn_ranks, f)) for f in range(num_ffn_ranks)
+    ]
+    attention, _, attention_loading = build_model(model, _afd_expert("attention", num_ffn_ranks))
     placement = attention.afd_placement
     exchanger = LoopbackExpertExchanger([b[0] for b in builds], builds[0][1], placement)
     set_exchanger(exchanger)
@@ -306,12 +314,14 @@ def _loopback_run(model: Path, gate_on_attention: bool, compiled: bool) -> dict[
 
     from afd_models.exchange_op import set_exchanger
 
-    ffn, ffn_config, ffn_loading = _build(model, _afd("ffn", gate_on_attention))
-    attention, _, attention_loading = _build(model, _afd("attention", gate_on_attention))
+    ffn, ffn_config, ffn_loading = build_model(model, afd_settings("ffn", gate_on_attention))
+    attention, _, attention_loading = build_model(
+        model, afd_settings("attention", gate_on_attention)
+    )
     exchanger = LoopbackExchanger(ffn, ffn_config)
     set_exchanger(exchanger)
     try:
-        run = _generate(model, _afd("attention", gate_on_attention), compiled)
+        run = _generate(model, afd_settings("attention", gate_on_attention), compiled)
     finally:
         set_exchanger(None)
     run.update(
@@ -332,15 +342,17 @@ def main(argv: list[str]) -> None:
     """Parse the command line (see the module docstring) and write the report."""
     import argparse
 
-    global _ATTENTION_BACKEND
+    global _ATTENTION_BACKEND, _LANGUAGE_MODEL_ONLY
     parser = argparse.ArgumentParser()
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("work_dir", type=Path)
     parser.add_argument("report", type=Path)
     parser.add_argument("--compiled", action="store_true")
     parser.add_argument("--attention-backend", default=None)
+    parser.add_argument("--language-model-only", action="store_true")
     args = parser.parse_args(argv)
     _ATTENTION_BACKEND = args.attention_backend
+    _LANGUAGE_MODEL_ONLY = args.language_model_only
     args.report.write_text(json.dumps(run_child(args.model_dir, args.work_dir, args.compiled)))
 
 

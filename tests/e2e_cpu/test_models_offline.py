@@ -214,7 +214,7 @@ def role_split_problems(
 ) -> list[str]:
     """What is wrong with how two roles split a checkpoint and its parameters (empty: none).
 
-    Each argument is a loading record of ``models_offline_child._build`` (``checkpoint``:
+    Each argument is a loading record of ``models_offline_child.build_model`` (``checkpoint``:
     tensors fed to the model's loader, ``loaded``: parameters the loader reports,
     ``before``/``after``: parameters before/after vLLM's post-load processing). The rules:
 

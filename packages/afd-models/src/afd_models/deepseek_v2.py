@@ -20,7 +20,7 @@ only the runner of its block of routed experts.
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -80,14 +80,20 @@ class _AttentionMoE(ExchangeMLP):
         super().__init__(layer=extract_layer_index(prefix), gate=gate)
 
 
-def _build_moe_block(vllm_config: VllmConfig, prefix: str) -> DeepseekV2MoE:
-    """A ``DeepseekV2MoE`` built as ``DeepseekV2DecoderLayer`` builds it."""
+def build_moe_block(
+    vllm_config: VllmConfig, prefix: str, *, apply_routed_scale_to_output: bool | None = None
+) -> DeepseekV2MoE:
+    """A ``DeepseekV2MoE`` built as ``DeepseekV2DecoderLayer`` builds it, its results
+    reduced over tensor parallel ranks. ``apply_routed_scale_to_output``: None for the
+    stock layer's choice (off only where ROCm AITER's fused MoE applies the scale)."""
+    if apply_routed_scale_to_output is None:
+        apply_routed_scale_to_output = not rocm_aiter_ops.is_fused_moe_enabled()
     return DeepseekV2MoE(
         config=vllm_config.model_config.hf_config,
         parallel_config=vllm_config.parallel_config,
         quant_config=vllm_config.quant_config,
         prefix=prefix,
-        apply_routed_scale_to_output=not rocm_aiter_ops.is_fused_moe_enabled(),
+        apply_routed_scale_to_output=apply_routed_scale_to_output,
     )
 
 
@@ -98,7 +104,7 @@ STOCK = StockMoEModel(
     dense_mlp=DeepseekV2MLP,
     attention_moe_block=_AttentionMoE,
     is_moe_layer=_is_moe_layer,
-    build_moe_block=_build_moe_block,
+    build_moe_block=build_moe_block,
     experts_field="n_routed_experts",
     hf_config=lambda vllm_config: vllm_config.model_config.hf_config,
     # DeepseekV2MoE's gate returns router_dtype, or the model dtype when unset.
@@ -106,10 +112,11 @@ STOCK = StockMoEModel(
 )
 
 
-class _DeepseekAttentionRole(StockAttentionRole):
-    """The attention role of DeepSeek-V2/V3 (see the module docstring)."""
+class DeepseekAttentionRole(StockAttentionRole):
+    """The attention role of DeepSeek-V2/V3 (see the module docstring); also that of
+    DeepSeek-V3.2 (:mod:`afd_models.deepseek_v32`), built from its own ``afd_stock``."""
 
-    afd_stock = STOCK
+    afd_stock: ClassVar[StockMoEModel] = STOCK
 
 
 class _DeepseekFFNStack(FFNStack):
@@ -131,13 +138,21 @@ class _DeepseekFFNStack(FFNStack):
         )
 
 
-class _DeepseekFFNRole(FFNRoleMixin):
-    """The FFN role of DeepSeek-V2/V3 (see the module docstring)."""
+class DeepseekFFNRole(FFNRoleMixin):
+    """The FFN role of DeepSeek-V2/V3 (see the module docstring); also that of
+    DeepSeek-V3.2, built from its own ``afd_stock``.
+
+    ``afd_scales_fp16_dense``: whether the stock decoder layer scales a dense MLP's fp16
+    output by ``1 / routed_scaling_factor`` (``DeepseekV2DecoderLayer`` does).
+    """
+
+    afd_stock: ClassVar[StockMoEModel] = STOCK
+    afd_scales_fp16_dense: ClassVar[bool] = True
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         # Builds no embeddings, attention, norms or lm_head.
         nn.Module.__init__(self)
-        mlps = self.afd_init_ffn_role(STOCK, vllm_config, prefix)
+        mlps = self.afd_init_ffn_role(self.afd_stock, vllm_config, prefix)
         self.routed_scaling_factor = getattr(self.config, "routed_scaling_factor", 1.0)
         self.model = _DeepseekFFNStack(vllm_config, mlps)
         self.set_moe_parameters()
@@ -158,24 +173,25 @@ class _DeepseekFFNRole(FFNRoleMixin):
 
     def afd_finish_block(self, mlp: nn.Module, output: torch.Tensor) -> torch.Tensor:
         """DeepseekV2DecoderLayer scales a dense MLP's fp16 output (overflow guard)."""
-        if isinstance(mlp, DeepseekV2MLP) and output.dtype == torch.float16:
+        fp16_dense = isinstance(mlp, DeepseekV2MLP) and output.dtype == torch.float16
+        if fp16_dense and self.afd_scales_fp16_dense:
             output *= 1.0 / self.routed_scaling_factor
         return output
 
 
-class AttentionDeepseekV2ForCausalLM(_DeepseekAttentionRole, AFDDeepseekV2ForCausalLM):
+class AttentionDeepseekV2ForCausalLM(DeepseekAttentionRole, AFDDeepseekV2ForCausalLM):
     """The attention role of DeepSeek-V2."""
 
 
-class FFNDeepseekV2ForCausalLM(_DeepseekFFNRole, AFDDeepseekV2ForCausalLM):
+class FFNDeepseekV2ForCausalLM(DeepseekFFNRole, AFDDeepseekV2ForCausalLM):
     """The FFN role of DeepSeek-V2."""
 
 
-class AttentionDeepseekV3ForCausalLM(_DeepseekAttentionRole, AFDDeepseekV3ForCausalLM):
+class AttentionDeepseekV3ForCausalLM(DeepseekAttentionRole, AFDDeepseekV3ForCausalLM):
     """The attention role of DeepSeek-V3."""
 
 
-class FFNDeepseekV3ForCausalLM(_DeepseekFFNRole, AFDDeepseekV3ForCausalLM):
+class FFNDeepseekV3ForCausalLM(DeepseekFFNRole, AFDDeepseekV3ForCausalLM):
     """The FFN role of DeepSeek-V3."""
 
 

@@ -12,6 +12,7 @@ MODEL_SPECS: tuple[ModelSpec, ...] = (
     ModelSpec("Qwen3MoeForCausalLM", "afd_models.qwen3_moe:AFDQwen3MoeForCausalLM"),
     ModelSpec("DeepseekV2ForCausalLM", "afd_models.deepseek_v2:AFDDeepseekV2ForCausalLM"),
     ModelSpec("DeepseekV3ForCausalLM", "afd_models.deepseek_v2:AFDDeepseekV3ForCausalLM"),
+    ModelSpec("DeepseekV32ForCausalLM", "afd_models.deepseek_v32:AFDDeepseekV32ForCausalLM"),
 )
 
 #: Wrappers whose vLLM model module imports torchvision (``qwen3_5`` imports ``qwen3_vl``),
@@ -20,6 +21,10 @@ MODEL_SPECS: tuple[ModelSpec, ...] = (
 #: :func:`afd_models` works without torchvision.
 TORCHVISION_MODEL_SPECS: tuple[ModelSpec, ...] = (
     ModelSpec("Qwen3_5MoeForCausalLM", "afd_models.qwen3_5_moe:AFDQwen3_5MoeForCausalLM"),
+    ModelSpec(
+        "Qwen3_5MoeForConditionalGeneration",
+        "afd_models.qwen3_5_moe:AFDQwen3_5MoeForConditionalGeneration",
+    ),
 )
 
 

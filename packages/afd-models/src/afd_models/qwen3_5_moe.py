@@ -1,5 +1,9 @@
-"""Role-aware Qwen3.5/3.6-MoE (text only): ``AFDQwen3_5MoeForCausalLM``, registered as
-``Qwen3_5MoeForCausalLM``.
+"""Role-aware Qwen3.5/3.6-MoE: ``AFDQwen3_5MoeForCausalLM`` (text only), registered as
+``Qwen3_5MoeForCausalLM``, and ``AFDQwen3_5MoeForConditionalGeneration`` (the multimodal
+class released Qwen3.6 checkpoints name), registered as
+``Qwen3_5MoeForConditionalGeneration`` and split only when served with
+``--language-model-only`` (:mod:`afd_models.language_model_only`): its roles are those of
+its ``language_model``, a ``Qwen3_5MoeForCausalLM``.
 
 Every decoder layer has a full-attention (gated GQA) or a linear-attention (Gated
 DeltaNet) mixer, chosen by ``config.layer_types``, and every layer has the sparse MoE block
@@ -35,10 +39,15 @@ from vllm.model_executor.layers.fused_moe import GateLinear
 from vllm.model_executor.layers.fused_moe.utils import is_model_fused_shared_expert_compatible
 from vllm.model_executor.models import qwen3_5 as stock
 from vllm.model_executor.models import qwen3_next
-from vllm.model_executor.models.qwen3_5 import Qwen3_5Model, Qwen3_5MoeForCausalLM
+from vllm.model_executor.models.qwen3_5 import (
+    Qwen3_5Model,
+    Qwen3_5MoeForCausalLM,
+    Qwen3_5MoeForConditionalGeneration,
+)
 from vllm.model_executor.models.qwen3_next import Qwen3NextSparseMoeBlock
 from vllm.model_executor.models.utils import extract_layer_index
 
+from afd_models.language_model_only import LanguageModelAttentionRole, LanguageModelFFNRole
 from afd_models.layers import ExchangeMLP, FFNStack
 from afd_models.role_mixins import FFNRoleMixin, StockAttentionRole
 from afd_models.roles import RoleDispatch, afd_config
@@ -128,4 +137,35 @@ class FFNQwen3_5MoeForCausalLM(FFNRoleMixin, AFDQwen3_5MoeForCausalLM):
 
 AFDQwen3_5MoeForCausalLM.afd_role_classes = MappingProxyType(
     {"attention": AttentionQwen3_5MoeForCausalLM, "ffn": FFNQwen3_5MoeForCausalLM}
+)
+
+
+class AFDQwen3_5MoeForConditionalGeneration(RoleDispatch, Qwen3_5MoeForConditionalGeneration):
+    """``Qwen3_5MoeForConditionalGeneration``, or its AFD role class when
+    ``additional_config["afd"]`` is set (``--language-model-only`` required)."""
+
+
+class AttentionQwen3_5MoeForConditionalGeneration(
+    LanguageModelAttentionRole, AFDQwen3_5MoeForConditionalGeneration
+):
+    """The attention role: the stock model around ``AttentionQwen3_5MoeForCausalLM``."""
+
+    afd_text_module = stock
+    afd_text_class = Qwen3_5MoeForCausalLM.__name__
+    afd_text_wrapper = AFDQwen3_5MoeForCausalLM
+
+
+class FFNQwen3_5MoeForConditionalGeneration(
+    LanguageModelFFNRole, AFDQwen3_5MoeForConditionalGeneration
+):
+    """The FFN role: ``FFNQwen3_5MoeForCausalLM`` as ``language_model``, nothing else."""
+
+    afd_text_wrapper = AFDQwen3_5MoeForCausalLM
+
+
+AFDQwen3_5MoeForConditionalGeneration.afd_role_classes = MappingProxyType(
+    {
+        "attention": AttentionQwen3_5MoeForConditionalGeneration,
+        "ffn": FFNQwen3_5MoeForConditionalGeneration,
+    }
 )

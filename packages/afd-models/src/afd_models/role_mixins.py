@@ -90,7 +90,20 @@ class StockAttentionRole(AttentionRoleMixin):
         clear_moe_attributes(self)
 
 
-class FFNRoleMixin:
+class NotScheduled:
+    """What the scheduler would call on a model; an FFN role model is never scheduled."""
+
+    def forward(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise RuntimeError("AFD: " + FFN_NOT_SCHEDULED.format(what="forward"))
+
+    def compute_logits(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise RuntimeError("AFD: " + FFN_NOT_SCHEDULED.format(what="compute_logits"))
+
+    def embed_input_ids(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise RuntimeError("AFD: " + FFN_NOT_SCHEDULED.format(what="embed_input_ids"))
+
+
+class FFNRoleMixin(NotScheduled):
     """The FFN role: ``model.layers[N].mlp`` blocks driven by the FFN loop."""
 
     afd: AFDConfig
@@ -260,12 +273,3 @@ class FFNRoleMixin:
                 if isinstance(layer.mlp, LocalExperts):
                     keep_reference_weights(layer.mlp)
         return loaded
-
-    def forward(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise RuntimeError("AFD: " + FFN_NOT_SCHEDULED.format(what="forward"))
-
-    def compute_logits(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise RuntimeError("AFD: " + FFN_NOT_SCHEDULED.format(what="compute_logits"))
-
-    def embed_input_ids(self, *args: Any, **kwargs: Any) -> NoReturn:
-        raise RuntimeError("AFD: " + FFN_NOT_SCHEDULED.format(what="embed_input_ids"))

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from afd_models.tiny.generate import TinyModelError, generate_tiny_models
-from afd_models.tiny.specs import FAMILIES
+from afd_models.tiny.specs import FAMILIES, VARIANTS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,18 +27,20 @@ def main(argv: list[str] | None = None) -> int:
         "--family",
         choices=sorted(FAMILIES),
         default="tiny",
-        help="build every model of this family (default: tiny)",
+        help="build every model of this family, its variants included (default: tiny)",
     )
     parser.add_argument(
         "--model",
         action="append",
-        choices=sorted(name for family in FAMILIES.values() for name in family),
+        choices=sorted(
+            name for family in (*FAMILIES.values(), *VARIANTS.values()) for name in family
+        ),
         help="build only this model, of any family (repeatable; overrides --family)",
     )
     args = parser.parse_args(argv)
     start = time.perf_counter()
     try:
-        names = args.model or list(FAMILIES[args.family])
+        names = args.model or [*FAMILIES[args.family], *VARIANTS.get(args.family, {})]
         reports = generate_tiny_models(args.out_dir, args.seed, names)
     except TinyModelError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -37,8 +37,9 @@ MAX_FP32_DISAGREEMENT = 1e-4
 def final_hidden_alone(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     """float64 [len(ids), hidden_size]: the final (normed) hidden state of each token alone.
 
-    ``model``: a Qwen3-MoE, DeepSeek-V2 or Qwen3.5-MoE causal LM of transformers (SiLU
-    MLPs, greedy top-k routing). Raises RuntimeError when the result disagrees with
+    ``model``: a Qwen3-MoE, DeepSeek-V2/V3.2 or Qwen3.5-MoE causal LM of transformers
+    (SiLU MLPs; softmax top-k routing, or DeepSeek-V3's sigmoid scores with a routing bias
+    and expert groups). Raises RuntimeError when the result disagrees with
     transformers' fp32 forward, i.e. when this module no longer matches the model code.
     """
     import torch
@@ -139,8 +140,15 @@ def _ffn(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         gate = _linear(x, mlp.gate_proj.weight)
         return _linear(F.silu(gate) * _linear(x, mlp.up_proj.weight), mlp.down_proj.weight)
     router = mlp.gate
-    probs = _linear(x, router.weight).softmax(dim=-1)
-    weights, chosen = torch.topk(probs, router.top_k)
+    logits = _linear(x, router.weight)
+    bias = getattr(router, "e_score_correction_bias", None)
+    if bias is None:
+        probs = logits.softmax(dim=-1)
+        weights, chosen = torch.topk(probs, router.top_k)
+    else:  # DeepSeek-V3/V3.2: sigmoid scores, the bias only picks the experts
+        probs = logits.sigmoid()
+        chosen = _grouped_topk(router, probs + _f64(bias))
+        weights = probs.gather(1, chosen)
     if getattr(router, "norm_topk_prob", type(router).__name__ in RENORMALIZING_ROUTERS):
         weights = weights / weights.sum(dim=-1, keepdim=True)
     weights = weights * getattr(router, "routed_scaling_factor", 1.0)
@@ -156,3 +164,14 @@ def _ffn(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     if shared is not None:
         return out + _linear(x, mlp.shared_expert_gate.weight).sigmoid() * _ffn(shared, x)
     return out
+
+
+def _grouped_topk(router: torch.nn.Module, scores: torch.Tensor) -> torch.Tensor:
+    """The top-k experts among the ``topk_group`` expert groups with the best two scores."""
+    import torch
+
+    groups = scores.view(len(scores), router.num_group, -1)
+    best = torch.topk(groups.topk(2, dim=-1)[0].sum(-1), router.topk_group, dim=-1)[1]
+    keep = torch.zeros_like(groups[..., 0]).scatter(1, best, 1).bool()
+    masked = groups.masked_fill(~keep[..., None], float("-inf")).view(len(scores), -1)
+    return torch.topk(masked, router.top_k, dim=-1)[1]

