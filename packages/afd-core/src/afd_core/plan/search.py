@@ -27,6 +27,7 @@ from afd_core.plan.model_shape import ACTIVATION_BYTES, ModelShape
 from afd_core.plan.profile import HardwareProfile
 from afd_core.plan.step import (
     LAYOUTS,
+    PAIRINGS,
     AFDDeployment,
     MonolithicDeployment,
     Prediction,
@@ -147,7 +148,7 @@ def _best_afd(
         _afd_maker(layout, a, f, m)
         for layout in space.layouts
         for a, f in _splits(space)
-        if layout == "expert" or a >= f
+        if PAIRINGS[layout].refusal(a, f) is None
         for m in space.stages
     ]
     if not makers:

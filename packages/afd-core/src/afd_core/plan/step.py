@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from afd_core.kit.pairing import ALL_TO_ALL, BLOCK, Pairing
 from afd_core.plan import memory
 from afd_core.plan.costs import ZERO, Cost, LayerCosts
 from afd_core.plan.memory import Memory
@@ -44,6 +45,8 @@ from afd_core.plan.model_shape import ACTIVATION_BYTES, ModelShape
 
 #: The two AFD layouts: afd-core's P2P connectors and the expert-routed connector.
 LAYOUTS = ("p2p", "expert")
+#: How each layout pairs the ranks (:mod:`afd_core.kit.pairing`).
+PAIRINGS: dict[str, Pairing] = {"p2p": BLOCK, "expert": ALL_TO_ALL}
 #: Routing metadata per (token, FFN rank) in the expert-routed layout: k ids and weights.
 ROUTING_BYTES_PER_EXPERT = 8
 
