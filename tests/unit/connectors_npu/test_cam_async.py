@@ -186,8 +186,8 @@ def test_each_stage_receives_its_own_dispatches_in_order() -> None:
 @pytest.mark.parametrize(
     ("receive", "says"),
     [
-        ((1, 1), "stage 1, but that stage dispatched nothing"),
-        ((2, 0), "asks for the result of layer 2 stage 0, but that stage dispatched layer 1"),
+        ((1, 1), "stage 1, but sent nothing for that stage"),
+        ((2, 0), "asks for the result of layer 2 stage 0, but sent layer 1 first"),
     ],
 )
 def test_a_receive_that_matches_no_dispatch_of_its_stage_is_refused(receive, says) -> None:

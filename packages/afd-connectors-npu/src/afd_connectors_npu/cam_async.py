@@ -30,7 +30,6 @@ wakes an FFN lane blocked in its receive. Importing this module imports no torch
 from __future__ import annotations
 
 import threading
-from collections import deque
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from afd_connectors_npu.cam_async_ops import CamAsyncOps
@@ -44,6 +43,7 @@ from afd_core.connector import (
 )
 from afd_core.errors import AFDConfigError, AFDProtocolError
 from afd_core.failures import Fuse, guarded, guarded_until_closed, layer_of_step
+from afd_core.kit.in_flight import InFlight
 from afd_core.kit.step_exchanges import StepExchanges
 from afd_core.placement import ExpertPlacement
 
@@ -120,7 +120,10 @@ class CamAsyncAttentionEndpoint(AttentionEndpoint):
         self._step_id = -1
         self._tokens: tuple[int, ...] = ()
         #: Per stage, the dispatches awaiting their combine: (layer, routing), oldest first.
-        self._queues: tuple[deque[tuple[int, ExpertRouting]], ...] = tuple(deque() for _ in groups)
+        #: Each stage's dispatches awaiting their combine, in order (deferred receives).
+        self._combines: InFlight[ExpertRouting] = InFlight(
+            "AFD CAM async", spec.role_rank, depth=None
+        )
         self._layer_index = {layer: i for i, layer in enumerate(spec.wire.exchange_layers)}
         #: Counters kept on the routing's device (no host read per layer): expanded rows
         #: (token, expert pairs) dispatched ``[FFN rank, layer index]``, tokens ``[layer]``.
@@ -170,7 +173,7 @@ class CamAsyncAttentionEndpoint(AttentionEndpoint):
             self._fuse, layer_of_step(layer, self._step_id), self._ops.dispatch, hidden, ids,
             layer, self._groups[stage],
         )  # fmt: skip
-        self._queues[stage].append((layer, ExpertRouting(ids, routing.topk_weights.float())))
+        self._combines.put(layer, stage, ExpertRouting(ids, routing.topk_weights.float()))
         self._count(layer, ids, hidden.shape[0])
 
     def _count(self, layer: int, ids: torch.Tensor, tokens: int) -> None:
@@ -192,15 +195,7 @@ class CamAsyncAttentionEndpoint(AttentionEndpoint):
         in ``stage`` (the oldest one of the stage's FIFO)."""
         import torch
 
-        queue = self._queues[stage]
-        if not queue or queue[0][0] != layer:
-            what = "nothing" if not queue else f"layer {queue[0][0]} first"
-            raise AFDProtocolError(
-                f"AFD CAM async: attention rank {self._spec.role_rank} asks for the result "
-                f"of layer {layer} stage {stage}, but that stage dispatched {what}; receive "
-                "each dispatch once, in order"
-            )
-        _, routing = queue.popleft()
+        routing = self._combines.take(layer, stage)
         if self._anchor is None:
             self._anchor = torch.empty(1, dtype=getattr(torch, self._spec.wire.dtype))
         result: torch.Tensor = call_op(
