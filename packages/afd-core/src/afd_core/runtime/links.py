@@ -367,7 +367,7 @@ class LinkAcceptor:
         self._links = links
         self._session = session
         self._ranks = ranks
-        self._open_link = open_link_world
+        self._open_link_world = open_link_world
         self._timeout_s = timeout_s
         self._stop = threading.Event()
         self._first_seen: dict[tuple[int, int], float] = {}
@@ -420,7 +420,7 @@ class LinkAcceptor:
                 self._give_up(rank, generation, answer)
             return
         try:
-            link = self._open_link(rank, generation)
+            link = self._open_link_world(rank, generation)
         except (AFDError, OSError) as exc:  # OSError: its liveness listener
             if owns_seats:
                 self._give_up(rank, generation, f"its link could not be opened ({exc})")
