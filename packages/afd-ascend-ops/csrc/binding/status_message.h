@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Written for this project (afd-ascend-ops): the error message for a kernel's status words
 // (common/afd_protocol.h), in the reference kernels' words (afd_ascend_ops/reference/group.py,
-// channel.py, header.py): who sent what, what this rank expected, what to do.
+// afd_ascend_ops/header.py, afd_core/kit/channel.py): who sent what, what this rank expected,
+// what to do.
 //
 // Every message starts with the afd_core error class the reference raises in that case
 // ("[AFDProtocolError] ", "[AFDPeerError] ", "[AFDShutdown] ", "[ValueError] "), so the Python

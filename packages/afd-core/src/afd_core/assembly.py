@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
+from afd_core.kit.pairing import ALL_TO_ALL, BLOCK, Pairing
+
 if TYPE_CHECKING:
     from afd_core.config import AFDConfig
     from afd_core.connector import (
@@ -51,7 +53,6 @@ if TYPE_CHECKING:
     from afd_core.errors import AFDPeerError
     from afd_core.failures import Fuse, PeerFailures
     from afd_core.kit.endpoint_context import EndpointContext
-    from afd_core.kit.pairing import Pairing
     from afd_core.kit.peer_links import FFNLinks
     from afd_core.placement import PlacementRule
     from afd_core.topology import Role, Topology
@@ -292,8 +293,6 @@ class Pattern(ABC):
     def pairing(cls) -> Pairing:
         """The pairing this pattern's rank map uses (:mod:`afd_core.kit.pairing`): blocks
         when every FFN rank holds every expert, else all-to-all."""
-        from afd_core.kit.pairing import ALL_TO_ALL, BLOCK
-
         return BLOCK if cls.expert_placement is None else ALL_TO_ALL
 
     @classmethod

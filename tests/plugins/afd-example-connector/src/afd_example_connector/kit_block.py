@@ -175,8 +175,7 @@ class KitBlockAttention(AttentionEndpoint):
 
     @guarded
     def begin_step(self, payload: ControlPayload) -> None:
-        tokens = payload.tokens_of(self._stages.spec.role_rank)
-        self._stages.exchanges.begin(payload.step_id, len(tokens))
+        tokens = self._stages.exchanges.begin_announced(payload, self._stages.spec.role_rank)
         self._announcer.send(payload)
         self._step_id, self._tokens = payload.step_id, tokens
         self._in_flight.clear()
